@@ -1,0 +1,151 @@
+"""The checkpoint ring: retained value versions under a byte budget.
+
+A functional graph's values are written once, so a checkpoint is a set of references to
+the versions live at its tick, not a copy. The ring holds every version it can afford;
+over budget it evicts the versions farthest from the current position that no kept
+checkpoint pins, then thins checkpoints (dense near now, sparse far back, as rr does).
+An evicted version is recomputed from its nearest retained ancestors when next needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable
+
+
+VersionKey = tuple[str, int]  # (value name, tick that wrote it; -1 for the initial state)
+
+
+@dataclass
+class Checkpoint:
+    tick: int
+    pins: frozenset[VersionKey]
+    tier: str = "host"
+
+
+@dataclass
+class _Slot:
+    tensor: Any
+    storage: Hashable
+    nbytes: int
+
+
+@dataclass
+class Ring:
+    """Owns every retained tensor except the Program's own (inputs, parameters, initial buffers)."""
+
+    budget: int  # bytes
+    storage_of: Callable[[Any], tuple[Hashable, int]]  # tensor -> (allocation key, allocation bytes)
+    tier: str = "host"
+    free_storages: set = field(default_factory=set)  # allocations owned by the Program (cost nothing)
+    _slots: dict[VersionKey, _Slot] = field(default_factory=dict)
+    _refs: dict[Hashable, int] = field(default_factory=dict)  # allocation -> retained versions using it
+    _sizes: dict[Hashable, int] = field(default_factory=dict)
+    checkpoints: dict[int, Checkpoint] = field(default_factory=dict)
+    used: int = 0
+    peak: int = 0
+    evictions: int = 0
+
+    def get(self, key: VersionKey) -> Any | None:
+        slot = self._slots.get(key)
+        return slot.tensor if slot else None
+
+    def __contains__(self, key: VersionKey) -> bool:
+        return key in self._slots
+
+    def keys(self) -> list[VersionKey]:
+        return list(self._slots)
+
+    def cost(self, tensor: Any) -> int:
+        """Bytes retaining `tensor` would add (0 for a view of something already retained)."""
+        storage, nbytes = self.storage_of(tensor)
+        if storage in self.free_storages or self._refs.get(storage):
+            return 0
+        return nbytes
+
+    def put(self, key: VersionKey, tensor: Any, protect: Callable[[VersionKey], bool],
+            distance: Callable[[VersionKey], Any], position: int) -> bool:
+        """Retain `tensor` if room can be made; `protect` marks versions that must stay.
+
+        Returns False when even after eviction and thinning it does not fit: the caller then
+        uses it without retaining it, and it will be recomputed when needed again."""
+        if key in self._slots:
+            return True
+        need = self.cost(tensor)
+        if self.used + need > self.budget and not self._make_room(need, protect, distance, position, key):
+            return False
+        storage, nbytes = self.storage_of(tensor)
+        self._slots[key] = _Slot(tensor, storage, nbytes)
+        if storage not in self.free_storages:
+            if not self._refs.get(storage):
+                self.used += nbytes
+                self._sizes[storage] = nbytes
+            self._refs[storage] = self._refs.get(storage, 0) + 1
+        self.peak = max(self.peak, self.used)
+        return True
+
+    def drop(self, key: VersionKey) -> None:
+        slot = self._slots.pop(key, None)
+        if slot is None or slot.storage in self.free_storages:
+            return
+        self._refs[slot.storage] -= 1
+        if self._refs[slot.storage] == 0:
+            del self._refs[slot.storage]
+            self.used -= self._sizes.pop(slot.storage)
+
+    def drop_after(self, tick: int) -> None:
+        """Forget versions written at or after `tick` and the checkpoints past it."""
+        for key in [k for k in self._slots if k[1] >= tick]:
+            self.drop(key)
+        for t in [t for t in self.checkpoints if t > tick]:
+            del self.checkpoints[t]
+
+    def pinned(self) -> set[VersionKey]:
+        out: set[VersionKey] = set()
+        for cp in self.checkpoints.values():
+            out |= cp.pins
+        return out
+
+    def _make_room(self, need: int, protect, distance, position: int, incoming: VersionKey) -> bool:
+        if need > self.budget:
+            return False
+        while self.used + need > self.budget:
+            pinned = self.pinned()
+            candidates = [k for k in self._slots if k not in pinned and not protect(k) and k != incoming]
+            if candidates:
+                victim = max(candidates, key=distance)
+                self.drop(victim)
+                self.evictions += 1
+                continue
+            if not self._thin(position):
+                return False
+        return True
+
+    def _thin(self, position: int) -> bool:
+        """Drop the checkpoint whose loss leaves the smallest gap relative to its distance from now."""
+        ticks = sorted(self.checkpoints)
+        if len(ticks) <= 1:
+            return False
+        best, best_score = None, None
+        for i, t in enumerate(ticks):
+            if t == 0:
+                continue  # the initial state is free and always kept
+            left = ticks[i - 1] if i > 0 else 0
+            right = ticks[i + 1] if i + 1 < len(ticks) else position
+            score = (right - left) / (abs(position - t) + 1)
+            if best_score is None or score < best_score:
+                best, best_score = t, score
+        if best is None:
+            return False
+        del self.checkpoints[best]
+        return True
+
+    def checkpoint_bytes(self, cp: Checkpoint) -> int:
+        seen: set = set()
+        total = 0
+        for key in cp.pins:
+            slot = self._slots.get(key)
+            if slot and slot.storage not in self.free_storages and slot.storage not in seen:
+                seen.add(slot.storage)
+                total += slot.nbytes
+        return total

@@ -1,0 +1,334 @@
+"""The Timeline: position, Schedule, write log and checkpoint ring. The only thing that seeks.
+
+State at tick t is a pure function of (Program, inputs, Schedule[0:t]). Steps before the
+frontier have been executed and recorded; moving among them is moving a cursor. A value
+needed at a position is taken from the ring, or recomputed from its nearest retained
+ancestors and checked against the digest the write log recorded (a mismatch is
+non-determinism, reported, never silently accepted). Mutated buffers live in fixed
+device memory: crossing their write tick backwards restores the pre-image.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, NewType
+
+from checkpoint.ring import Checkpoint, Ring, VersionKey
+from hardware.driver import Driver, WriteStats
+from hardware.errors import RewindError
+from hardware.program import Node, Program
+from provenance.writelog import KIND_BUFFER, KIND_EDIT, KIND_NODE, WriteLog
+
+Tick = NewType("Tick", int)
+INITIAL = -1  # the version tick of inputs, parameters, constants and initial buffer contents
+
+
+@dataclass(frozen=True)
+class Edit:
+    """A user's write of bytes into a value (setVariable, writeMemory): a step of its own."""
+
+    value: str
+    offset: int
+    data: bytes
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Step:
+    unit: int
+    node: int | None  # node index, None for an edit
+    edit: Edit | None = None
+
+
+@dataclass(frozen=True)
+class Nondeterminism:
+    tick: int
+    node: str
+    value: str
+    expected: int
+    got: int
+
+    def __str__(self) -> str:
+        return (f"non-determinism at tick {self.tick}: node '{self.node}' rewrote '{self.value}' with digest "
+                f"{self.got & 0xFFFFFFFFFFFFFFFF:016x}, recorded {self.expected & 0xFFFFFFFFFFFFFFFF:016x}")
+
+
+@dataclass
+class CheckpointInfo:
+    tick: int
+    bytes: int
+    tier: str
+    values: int
+
+
+@dataclass
+class Timeline:
+    program: Program
+    driver: Driver
+    budget: int
+    every: int | None = None  # checkpoint period in ticks; None: automatic
+    on_nondeterminism: Callable[[Nondeterminism], None] | None = None
+    schedule: list[Step] = field(init=False)
+    position: int = field(init=False, default=0)
+    frontier: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self.chip = self.driver.describe()
+        self.unit_names = [u.name for u in self.chip.units]
+        self.initial: dict[str, Any] = self.driver.load(self.program)
+        # Buffers the graph writes live in fixed device memory; their initial contents are kept as the pre-image.
+        self.physical: dict[str, Any] = {}
+        self.buffer_source: dict[str, str] = {}  # buffer value -> value whose tick writes it
+        for src, buf in self.program.buffer_mutations.items():
+            self.physical[buf] = self.initial[buf]
+            self.initial[buf] = self.driver.clone(self.initial[buf])
+            self.buffer_source[src] = buf
+        self._physical_version = {b: INITIAL for b in self.physical}
+        self.schedule = [Step(0, n.index) for n in self.program.nodes]
+        self.node_tick = list(range(len(self.program.nodes)))
+        self.versions: dict[str, list[int]] = {name: [INITIAL] for name in self.initial}
+        self.log = WriteLog(self.program, self.chip.name)
+        free = {self.driver.storage_key(t) for t in list(self.initial.values()) + list(self.physical.values())}
+        self.ring = Ring(self.budget, lambda t: (self.driver.storage_key(t), self.driver.storage_nbytes(t)),
+                         tier="device" if "cuda" in self.chip.name else "host", free_storages=free)
+        self.ring.checkpoints[0] = Checkpoint(0, frozenset(), self.ring.tier)
+        if self.every is None:
+            self.every = max(1, round(math.sqrt(len(self.program.nodes))))
+        self.nondeterminism: list[Nondeterminism] = []
+        self._scratch: dict[VersionKey, Any] = {}
+
+    # -- time --------------------------------------------------------------------------
+    @property
+    def end(self) -> int:
+        return len(self.schedule)
+
+    def step_at(self, tick: int) -> Step | None:
+        return self.schedule[tick] if 0 <= tick < len(self.schedule) else None
+
+    def node_at(self, tick: int) -> Node | None:
+        step = self.step_at(tick)
+        return self.program.nodes[step.node] if step and step.node is not None else None
+
+    def unit_name(self, unit: int) -> str:
+        return self.unit_names[unit]
+
+    def last_use_tick(self, name: str) -> int:
+        last = self.program.values[name].last_use
+        return self.end if last >= len(self.program.nodes) else self.node_tick[last]
+
+    def version_at(self, name: str, position: int) -> int | None:
+        """Tick of the version of `name` that exists when `position` steps have run."""
+        ticks = self.versions.get(name)
+        if not ticks:
+            return None
+        i = bisect.bisect_left(ticks, position)
+        return ticks[i - 1] if i else None
+
+    def defined(self, position: int | None = None) -> list[str]:
+        pos = self.position if position is None else position
+        return [name for name in self.versions if self.version_at(name, pos) is not None]
+
+    def live(self, position: int | None = None) -> list[str]:
+        pos = self.position if position is None else position
+        return [n for n in self.defined(pos) if pos <= self.last_use_tick(n)]
+
+    # -- moving --------------------------------------------------------------------------
+    def forward(self) -> int:
+        """Move one step forward, executing it if it was never run. Returns the step's tick."""
+        if self.position >= self.end:
+            raise RewindError("already at the end of the program")
+        tick = self.position
+        if tick == self.frontier:
+            self._execute(tick)
+            self.frontier += 1
+        self.position = tick + 1
+        self._sync_buffers()
+        return tick
+
+    def seek(self, tick: int) -> None:
+        """Go to `tick` (0 .. end); executes the steps between the frontier and it if needed."""
+        if not 0 <= tick <= self.end:
+            raise RewindError(f"tick {tick} is outside the timeline (0..{self.end})")
+        while self.frontier < tick:
+            self.position = self.frontier
+            self.forward()
+        self.position = tick
+        self._sync_buffers()
+
+    def _sync_buffers(self) -> None:
+        """Make each mutated buffer's physical memory hold its version at the position."""
+        for buf, mem in self.physical.items():
+            want = self.version_at(buf, self.position)
+            if want != self._physical_version[buf]:
+                self.driver.copy_into(mem, self.value_version(buf, want))
+                self._physical_version[buf] = want
+
+    # -- values ----------------------------------------------------------------------------
+    def value(self, name: str, position: int | None = None) -> Any:
+        """The tensor `name` holds when `position` steps have run (materialised if evicted)."""
+        pos = self.position if position is None else position
+        version = self.version_at(name, pos)
+        if version is None:
+            raise RewindError(f"'{name}' does not exist at tick {pos}")
+        return self.value_version(name, version)
+
+    def value_version(self, name: str, version: int) -> Any:
+        key = (name, version)
+        stack = [key]
+        try:
+            while stack:
+                k = stack[-1]
+                if self._available(k):
+                    stack.pop()
+                    continue
+                missing = [d for d in self._deps(k) if not self._available(d)]
+                if missing:
+                    stack.extend(missing)
+                    continue
+                self._recompute(k)
+                stack.pop()
+            return self._get(key)
+        finally:
+            self._scratch.clear()
+
+    def _available(self, key: VersionKey) -> bool:
+        return key[1] == INITIAL or key in self._scratch or key in self.ring
+
+    def _get(self, key: VersionKey) -> Any:
+        if key[1] == INITIAL:
+            return self.initial[key[0]]
+        t = self._scratch.get(key)
+        return t if t is not None else self.ring.get(key)
+
+    def _deps(self, key: VersionKey) -> list[VersionKey]:
+        name, tick = key
+        step = self.schedule[tick]
+        if step.edit is not None:
+            return [(name, self.version_at(name, tick))]
+        node = self.program.nodes[step.node]
+        if name in self.physical:  # a buffer version is the value its node wrote into it
+            return [(self.program_source(name), tick)]
+        return [(i, self.version_at(i, tick)) for i in node.input_names()]
+
+    def program_source(self, buffer: str) -> str:
+        return next(src for src, buf in self.buffer_source.items() if buf == buffer)
+
+    def _recompute(self, key: VersionKey) -> None:
+        name, tick = key
+        step = self.schedule[tick]
+        if step.edit is not None:
+            self._store(key, self._apply_edit(step.edit, tick))
+            return
+        if name in self.physical:
+            self._scratch[key] = self._get((self.program_source(name), tick))
+            return
+        node = self.program.nodes[step.node]
+        outputs = self._run_node(node, tick, self._get)
+        recorded = self.log.digests_at(tick)
+        for out_name, tensor in zip(node.outputs, outputs):
+            stats = self.driver.inspect(tensor)
+            expected = recorded.get(out_name)
+            if expected is not None and expected != stats.digest:
+                finding = Nondeterminism(tick, node.name, out_name, expected, stats.digest)
+                self.nondeterminism.append(finding)
+                if self.on_nondeterminism:
+                    self.on_nondeterminism(finding)
+            self._store((out_name, tick), tensor)
+
+    def _run_node(self, node: Node, tick: int, lookup: Callable[[VersionKey], Any]) -> list[Any]:
+        args, kwargs = node.bind(lambda n: lookup((n, self.version_at(n, tick))))
+        try:
+            return self.driver.execute(node, args, kwargs)
+        except Exception as exc:
+            raise RewindError(f"{node.describe()} failed on {self.driver.name}: {type(exc).__name__}: {exc}") from exc
+
+    def _apply_edit(self, edit: Edit, tick: int) -> Any:
+        base = self._get((edit.value, self.version_at(edit.value, tick)))
+        edited = self.driver.clone(base)
+        self.driver.write(edited, edit.offset, edit.data)
+        return edited
+
+    def _store(self, key: VersionKey, tensor: Any) -> None:
+        self._scratch[key] = tensor
+        self.ring.put(key, tensor, protect=self._protected, distance=self._distance, position=self.position)
+
+    def _protected(self, key: VersionKey) -> bool:
+        return key in self._scratch
+
+    def _distance(self, key: VersionKey) -> tuple[int, int]:
+        """Eviction order: versions not live at the position first, then the farthest from it."""
+        name, born = key
+        pos = self.position
+        last = self.last_use_tick(name)
+        if born < pos <= last and self.version_at(name, pos) == born:
+            return (0, max(pos - born, last - pos))
+        return (1, born - pos if born >= pos else pos - last)
+
+    # -- executing at the frontier -------------------------------------------------------------
+    def _execute(self, tick: int) -> None:
+        step = self.schedule[tick]
+        unit = self.unit_name(step.unit)
+        try:
+            if step.edit is not None:
+                edited = self._apply_edit(step.edit, tick)
+                self._record(tick, None, step.edit.value, KIND_EDIT, edited, unit)
+                return
+            node = self.program.nodes[step.node]
+            outputs = self._run_node(node, tick, lambda k: self.value_version(*k))
+            for name, tensor in zip(node.outputs, outputs):
+                self._record(tick, node.index, name, KIND_NODE, tensor, unit)
+                buf = self.buffer_source.get(name)
+                if buf is not None:
+                    self.driver.copy_into(self.physical[buf], tensor)
+                    self._physical_version[buf] = tick
+                    self.versions[buf].append(tick)
+                    self.log.append(tick, unit, node.index, buf, KIND_BUFFER,
+                                    self.driver.locate(self.physical[buf], unit), self.driver.inspect(tensor))
+            if (tick + 1) % self.every == 0:
+                self._checkpoint(tick + 1)
+        finally:
+            self._scratch.clear()
+
+    def _record(self, tick: int, node: int | None, name: str, kind: int, tensor: Any, unit: str) -> WriteStats:
+        stats = self.driver.inspect(tensor)
+        self.log.append(tick, unit, node, name, kind, self.driver.locate(tensor, unit), stats)
+        self.versions.setdefault(name, []).append(tick)
+        self._store((name, tick), tensor)
+        return stats
+
+    def _checkpoint(self, tick: int) -> None:
+        pins = frozenset(k for n in self.live(tick) if (k := (n, self.version_at(n, tick))) in self.ring)
+        self.ring.checkpoints[tick] = Checkpoint(tick, pins, self.ring.tier)
+
+    # -- edits ---------------------------------------------------------------------------------
+    def edit(self, value: str, offset: int, data: bytes, description: str = "") -> int:
+        """Write bytes into `value` at the position: a new step that rewrites the future."""
+        pos = self.position
+        if self.version_at(value, pos) is None:
+            raise RewindError(f"'{value}' does not exist at tick {pos}")
+        self._truncate(pos)
+        self.schedule.insert(pos, Step(0, None, Edit(value, offset, data, description)))
+        self.node_tick = [t + 1 if t >= pos else t for t in self.node_tick]
+        self.forward()
+        return pos
+
+    def _truncate(self, tick: int) -> None:
+        """Forget everything recorded at or after `tick`: the future is about to change."""
+        if self.frontier <= tick:
+            return
+        self.log.truncate(tick)
+        self.ring.drop_after(tick)
+        for name, ticks in self.versions.items():
+            del ticks[bisect.bisect_left(ticks, tick):]
+        for buf in self.physical:
+            if self._physical_version[buf] >= tick:
+                self._physical_version[buf] = None  # force a rewrite at the next sync
+        self.frontier = tick
+        self._sync_buffers()
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def checkpoints(self) -> list[CheckpointInfo]:
+        return [CheckpointInfo(cp.tick, self.ring.checkpoint_bytes(cp), cp.tier, len(cp.pins))
+                for _, cp in sorted(self.ring.checkpoints.items())]

@@ -1,0 +1,120 @@
+"""The driver contract: the only code that touches a chip.
+
+A new chip is one file in drivers/ implementing `Driver`. It is about the size of tinygrad's
+Allocator + Program pair: describe the chip, load a Program, run one step, report where its
+outputs live, check them on the device, and read/write bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from hardware.errors import DriverError
+from hardware.memory import Location
+from hardware.program import Node, Program
+
+
+@dataclass(frozen=True)
+class Unit:
+    id: int
+    name: str
+    gang: int | None = None
+
+
+@dataclass(frozen=True)
+class MemorySpace:
+    name: str
+    base: int
+    size: int
+
+
+@dataclass(frozen=True)
+class Chip:
+    name: str
+    units: tuple[Unit, ...]
+    spaces: tuple[MemorySpace, ...]
+
+
+@dataclass(frozen=True)
+class WriteStats:
+    """What the device computed about one written value, without copying it off the device."""
+
+    digest: int
+    nan: int
+    inf: int
+    min: float
+    max: float
+    mean: float
+
+    @property
+    def finite(self) -> bool:
+        return self.nan == 0 and self.inf == 0
+
+    @staticmethod
+    def empty() -> "WriteStats":
+        return WriteStats(0, 0, 0, math.nan, math.nan, math.nan)
+
+
+class Driver(ABC):
+    """One chip. All methods run on the session's worker thread."""
+
+    name: str
+
+    @abstractmethod
+    def describe(self) -> Chip: ...
+
+    @abstractmethod
+    def load(self, program: Program) -> dict[str, Any]:
+        """Check every op is supported (raise UnsupportedOpError naming them) and place the
+        Program's initial values on the device. Returns value name -> device tensor."""
+
+    @abstractmethod
+    def execute(self, node: Node, args: tuple, kwargs: dict) -> list[Any]:
+        """Run one node on the device; return its outputs in `node.outputs` order."""
+
+    @abstractmethod
+    def locate(self, tensor: Any, unit: str | None = None) -> Location:
+        """Where a device tensor's elements live."""
+
+    @abstractmethod
+    def inspect(self, tensor: Any) -> WriteStats:
+        """Digest, NaN/Inf counts and min/max/mean, computed on the device."""
+
+    @abstractmethod
+    def read(self, tensor: Any, offset: int, count: int) -> bytes:
+        """Bytes of the tensor's storage from its first element + offset."""
+
+    @abstractmethod
+    def write(self, tensor: Any, offset: int, data: bytes) -> None:
+        """Overwrite bytes of the tensor's storage in place."""
+
+    @abstractmethod
+    def copy_into(self, dst: Any, src: Any) -> None:
+        """Overwrite dst's elements with src's (same shape): the physical write of a buffer."""
+
+    @abstractmethod
+    def clone(self, tensor: Any) -> Any:
+        """A private copy (a pre-image) of a device tensor."""
+
+    def nbytes(self, tensor: Any) -> int:
+        return tensor.numel() * tensor.element_size()
+
+    def storage_key(self, tensor: Any) -> int:
+        """Identifies the allocation behind a tensor, so views share their base's cost."""
+        return tensor.untyped_storage().data_ptr()
+
+    def storage_nbytes(self, tensor: Any) -> int:
+        return tensor.untyped_storage().nbytes()
+
+
+def open_driver(spec: str) -> Driver:
+    """`auto`, `torch:cpu`, `torch:cuda`, `torch:cuda:N` (and the drivers of later chips)."""
+    kind, _, rest = spec.partition(":")
+    if spec == "auto" or kind == "torch":
+        from hardware.drivers.torch import TorchDriver
+
+        return TorchDriver.from_spec(spec)
+    raise DriverError(f"unknown driver '{spec}': use auto, torch:cpu, torch:cuda or torch:cuda:N")

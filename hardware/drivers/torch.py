@@ -1,0 +1,180 @@
+"""The `torch` driver: any torch device (cpu, cuda, cuda:N). One tick runs one node."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from hardware.driver import Chip, Driver, MemorySpace, Unit, WriteStats
+from hardware.errors import DriverError, UnsupportedOpError
+from hardware.memory import Location
+from hardware.program import Node, Program
+
+_DIGEST_LANES = 64
+
+
+class TorchDriver(Driver):
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.name = f"torch:{device}"
+        self._weights: torch.Tensor | None = None
+        self._segments: list[dict] | None = None
+
+    @classmethod
+    def from_spec(cls, spec: str) -> "TorchDriver":
+        if spec == "auto":
+            return cls(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+        device = spec.removeprefix("torch:")
+        try:
+            dev = torch.device(device)
+        except RuntimeError as exc:
+            raise DriverError(f"unknown torch device '{device}' in driver '{spec}': {exc}") from None
+        if dev.type == "cuda":
+            if not torch.cuda.is_available():
+                raise DriverError(f"driver '{spec}': CUDA is not available on this machine")
+            index = dev.index or 0
+            if index >= torch.cuda.device_count():
+                raise DriverError(f"driver '{spec}': no CUDA device {index} ({torch.cuda.device_count()} present)")
+            dev = torch.device("cuda", index)
+        elif dev.type != "cpu":
+            raise DriverError(f"driver '{spec}': device type '{dev.type}' is not supported (cpu, cuda)")
+        return cls(dev)
+
+    def describe(self) -> Chip:
+        if self.device.type == "cuda":
+            props = torch.cuda.get_device_properties(self.device)
+            return Chip(f"{self.device} ({props.name})", (Unit(0, f"{self.device} stream"),),
+                        (MemorySpace("HBM", 0, props.total_memory),))
+        return Chip("cpu", (Unit(0, "host"),), (MemorySpace("host", 0, 2**64 - 1),))
+
+    @property
+    def unit_name(self) -> str:
+        return self.describe().units[0].name
+
+    def load(self, program: Program) -> dict[str, Any]:
+        bad = sorted({n.op for n in program.nodes if not callable(n.target)})
+        if bad:
+            raise UnsupportedOpError(f"the torch driver cannot run: {', '.join(bad)}")
+        return {name: t.to(self.device).clone() for name, t in program.initial.items()}
+
+    def execute(self, node: Node, args: tuple, kwargs: dict) -> list[Any]:
+        with torch.no_grad():
+            result = node.target(*args, **kwargs)
+        if isinstance(result, torch.Tensor):
+            return [result]
+        # Multi-output ops: keep only the outputs the Program names (getitem users).
+        return [result[i] for i in node.output_indices]
+
+    # -- where values live ---------------------------------------------------------------
+    def locate(self, tensor: torch.Tensor, unit: str | None = None) -> Location:
+        extent = _extent_bytes(tensor)
+        extra: dict[str, Any] = {
+            "storage": tensor.untyped_storage().data_ptr(),
+            "storage_offset_bytes": tensor.storage_offset() * tensor.element_size(),
+        }
+        space = "host"
+        if tensor.device.type == "cuda":
+            space = "HBM"
+            extra.update(self._allocator_block(tensor.data_ptr()))
+        return Location(chip=str(tensor.device), unit=unit or self.unit_name, space=space,
+                        address=tensor.data_ptr(), nbytes=extent, dtype=str(tensor.dtype).removeprefix("torch."),
+                        shape=tuple(tensor.shape), strides=tuple(tensor.stride()), extra=extra)
+
+    def _allocator_block(self, address: int) -> dict[str, Any]:
+        """The caching allocator's segment and block that hold `address` (CUDA only)."""
+        for attempt in range(2):
+            if self._segments is None or attempt == 1:
+                self._segments = torch.cuda.memory_snapshot()
+            for seg in self._segments:
+                base = seg["address"]
+                if base <= address < base + seg["total_size"]:
+                    offset = base
+                    for block in seg["blocks"]:
+                        if offset <= address < offset + block["size"]:
+                            return {"segment": hex(base), "segment_size": seg["total_size"],
+                                    "block": hex(offset), "block_size": block["size"],
+                                    "block_state": block["state"], "stream": seg.get("stream"),
+                                    "pool": seg.get("segment_type")}
+                        offset += block["size"]
+        return {}
+
+    # -- on-device checks ----------------------------------------------------------------
+    def inspect(self, tensor: torch.Tensor) -> WriteStats:
+        n = tensor.numel()
+        if n == 0:
+            return WriteStats.empty()
+        flat = tensor.reshape(-1)
+        digest = self._digest(flat)
+        if flat.dtype == torch.bool:
+            flat = flat.to(torch.uint8)
+        total = flat.sum(dtype=torch.float64) if not flat.is_complex() else flat.abs().sum(dtype=torch.float64)
+        if flat.is_complex():
+            flat = flat.abs()
+        if flat.is_floating_point() and not torch.isfinite(total):
+            nan_mask = torch.isnan(flat)
+            inf_mask = torch.isinf(flat)
+            finite = flat[~(nan_mask | inf_mask)]
+            nan, inf = int(nan_mask.sum()), int(inf_mask.sum())
+            if finite.numel():
+                lo, hi = torch.aminmax(finite)
+                vals = torch.stack([lo.double(), hi.double(), finite.sum(dtype=torch.float64) / finite.numel(), digest.double()]).tolist()
+            else:
+                vals = [math.nan, math.nan, math.nan, float(digest)]
+            return WriteStats(int(digest), nan, inf, vals[0], vals[1], vals[2])
+        lo, hi = torch.aminmax(flat)
+        lo_v, hi_v, total_v = torch.stack([lo.double(), hi.double(), total]).tolist()
+        return WriteStats(int(digest), 0, 0, lo_v, hi_v, total_v / n)
+
+    def _digest(self, flat: torch.Tensor) -> torch.Tensor:
+        """A position-sensitive checksum of the bytes, computed on the device (int64, wraps)."""
+        raw = flat.contiguous().view(torch.uint8)
+        if raw.numel() % 4 == 0:
+            raw = raw.view(torch.int32)
+        weights = self._digest_weights()
+        body = raw.numel() - raw.numel() % _DIGEST_LANES
+        acc = torch.zeros((), dtype=torch.int64, device=flat.device)
+        if body:
+            acc = (raw[:body].view(-1, _DIGEST_LANES).to(torch.int64) * weights).sum()
+        if body < raw.numel():
+            acc = acc + (raw[body:].to(torch.int64) * weights[: raw.numel() - body]).sum()
+        return acc
+
+    def _digest_weights(self) -> torch.Tensor:
+        if self._weights is None:
+            gen = torch.Generator().manual_seed(0x5EED)
+            w = torch.randint(1, 2**31 - 1, (_DIGEST_LANES,), generator=gen, dtype=torch.int64) | 1
+            self._weights = w.to(self.device)
+        return self._weights
+
+    # -- bytes ---------------------------------------------------------------------------
+    def read(self, tensor: torch.Tensor, offset: int, count: int) -> bytes:
+        view = _bytes_view(tensor)
+        start = tensor.storage_offset() * tensor.element_size() + offset
+        return view[start:start + count].cpu().numpy().tobytes()
+
+    def write(self, tensor: torch.Tensor, offset: int, data: bytes) -> None:
+        view = _bytes_view(tensor)
+        start = tensor.storage_offset() * tensor.element_size() + offset
+        src = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(tensor.device)
+        view[start:start + len(data)].copy_(src)
+
+    def copy_into(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        with torch.no_grad():
+            dst.copy_(src)
+
+    def clone(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.clone()
+
+
+def _bytes_view(tensor: torch.Tensor) -> torch.Tensor:
+    storage = tensor.untyped_storage()
+    return torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(storage)
+
+
+def _extent_bytes(tensor: torch.Tensor) -> int:
+    if tensor.numel() == 0:
+        return 0
+    last = sum((s - 1) * st for s, st in zip(tensor.shape, tensor.stride()) if s > 0)
+    return (last + 1) * tensor.element_size()

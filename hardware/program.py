@@ -1,0 +1,194 @@
+"""The chip-neutral Program: ordered Nodes over named Values.
+
+A Program is what every driver loads and what the Timeline steps through. It knows nothing of
+torch.export (see frontends/) nor of any chip (see drivers/).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Literal
+
+ValueKind = Literal["input", "parameter", "buffer", "constant", "intermediate"]
+
+
+@dataclass(frozen=True)
+class SourceLoc:
+    file: str
+    line: int
+    function: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One user-code frame of the Python call stack that created a node.
+
+    `module_path` is the module whose forward this frame runs ("" for the root module,
+    None for a helper function called inside a forward).
+    """
+
+    loc: SourceLoc
+    module_path: str | None = None
+    module_class: str | None = None
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A reference to a Value inside a node's arguments."""
+
+    name: str
+
+
+@dataclass
+class ValueInfo:
+    name: str
+    kind: ValueKind
+    dtype: str
+    shape: tuple[int, ...]
+    producer: int | None = None  # node index; None for inputs, parameters, buffers, constants
+    output_index: int = 0
+    target: str | None = None  # the module attribute a parameter or buffer comes from
+    last_use: int = -1  # index of the last node that reads it; len(nodes) for program outputs
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+@dataclass
+class Node:
+    index: int
+    name: str
+    op: str  # "aten.linear.default"
+    target: Callable[..., Any]
+    args: tuple
+    kwargs: dict
+    outputs: list[str]
+    output_indices: tuple[int, ...] = (0,)  # positions of `outputs` in a tuple-returning op's result
+    loc: SourceLoc | None = None
+    frames: tuple[Frame, ...] = ()
+    module_stack: tuple[tuple[str, str], ...] = ()  # (path, class), outermost first
+
+    @property
+    def op_short(self) -> str:
+        """`aten.linear` for `aten.linear.default`."""
+        parts = self.op.split(".")
+        return ".".join(parts[:2]) if len(parts) >= 3 else self.op
+
+    @property
+    def module_path(self) -> str:
+        return self.module_stack[-1][0] if self.module_stack else ""
+
+    def input_names(self) -> list[str]:
+        found: list[str] = []
+        _collect_refs((self.args, self.kwargs), found)
+        return list(dict.fromkeys(found))
+
+    def bind(self, lookup: Callable[[str], Any]) -> tuple[tuple, dict]:
+        """Arguments with every Ref replaced by lookup(name)."""
+        return _substitute(self.args, lookup), _substitute(self.kwargs, lookup)
+
+    def describe(self) -> str:
+        where = f" at {self.loc}" if self.loc else ""
+        return f"node {self.index} '{self.name}' ({self.op}){where}"
+
+
+def _collect_refs(obj: Any, out: list[str]) -> None:
+    if isinstance(obj, Ref):
+        out.append(obj.name)
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            _collect_refs(item, out)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            _collect_refs(item, out)
+
+
+def _substitute(obj: Any, lookup: Callable[[str], Any]) -> Any:
+    if isinstance(obj, Ref):
+        return lookup(obj.name)
+    if isinstance(obj, tuple):
+        return tuple(_substitute(o, lookup) for o in obj)
+    if isinstance(obj, list):
+        return [_substitute(o, lookup) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _substitute(v, lookup) for k, v in obj.items()}
+    return obj
+
+
+@dataclass
+class Program:
+    """Nodes in execution order over Values; `initial` holds inputs, parameters, buffers, constants."""
+
+    name: str
+    nodes: list[Node]
+    values: dict[str, ValueInfo]
+    initial: dict[str, Any]  # value name -> tensor (host copies, as the frontend produced them)
+    outputs: list[str]
+    buffer_mutations: dict[str, str] = field(default_factory=dict)  # produced value -> buffer value
+    source_files: dict[str, str] = field(default_factory=dict)  # path -> text of user source files
+
+    def __post_init__(self) -> None:
+        self._compute_liveness()
+        self._by_line: dict[tuple[str, int], list[int]] = {}
+        for node in self.nodes:
+            for frame in node.frames:
+                key = (frame.loc.file, frame.loc.line)
+                lst = self._by_line.setdefault(key, [])
+                if not lst or lst[-1] != node.index:
+                    lst.append(node.index)
+
+    def _compute_liveness(self) -> None:
+        for node in self.nodes:
+            for name in node.input_names():
+                self.values[name].last_use = max(self.values[name].last_use, node.index)
+        end = len(self.nodes)
+        for name in list(self.outputs) + list(self.buffer_mutations):
+            self.values[name].last_use = end
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def nodes_at_line(self, file: str, line: int) -> list[int]:
+        """Indices of nodes with a frame at file:line (the innermost or a caller frame)."""
+        return self._by_line.get((file, line), [])
+
+    def lines_in(self, file: str) -> list[int]:
+        return sorted({ln for (f, ln) in self._by_line if f == file})
+
+    def files(self) -> list[str]:
+        return sorted({f for (f, _) in self._by_line})
+
+    def live_at(self, position: int) -> list[str]:
+        """Values that exist and are still needed when `position` nodes have run."""
+        out = []
+        for info in self.values.values():
+            born = -1 if info.producer is None else info.producer
+            if born < position <= info.last_use or (info.producer is None and info.last_use >= position):
+                out.append(info.name)
+        return out
+
+    def defined_at(self, position: int) -> Iterator[ValueInfo]:
+        """Every value that exists after `position` nodes have run (live or dead)."""
+        for info in self.values.values():
+            if info.producer is None or info.producer < position:
+                yield info
+
+    def find_nodes(self, spec: str) -> list[int]:
+        """Nodes named `spec`, of op `spec` (aten.softmax or aten.softmax.int), or inside module path `spec`."""
+        hits = []
+        for node in self.nodes:
+            if spec in (node.name, node.op, node.op_short) or _in_module(node, spec):
+                hits.append(node.index)
+        return hits
+
+
+def _in_module(node: Node, path: str) -> bool:
+    mp = node.module_path
+    return bool(path) and (mp == path or mp.startswith(path + "."))

@@ -1,0 +1,660 @@
+"""The Session: the one Python API every surface (DAP, console, LSP, tests) drives.
+
+It owns the driver, the Program, the Timeline and the breakpoints. Every method except
+`pause()` runs on the caller's (the adapter's single worker) thread and blocks. The
+Session knows nothing of DAP: it reports what happens as domain events (stopped, output,
+progress, invalidated) through `on_event`.
+
+Positions: position p means p steps have run and the node of step p is about to run, as a
+debugger stops before a line executes. Position `end` is the end of the program, where the
+session stays (stopped, reason "end") so the user can go back.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+import torch
+
+from checkpoint.timeline import Tick, Timeline
+from hardware.breakpoints import (Breakpoint, check_breakpoint_expressions, function_positions, line_positions,
+                                  resolve_line)
+from hardware.driver import open_driver
+from hardware.errors import ExpressionError, NotStoppedError, RewindError
+from hardware.expressions import evaluate, truth
+from hardware.memory import Placement
+from hardware.program import Frame, Node, Program
+from hardware.source_names import Assignment, assignments, frame_instance
+from provenance.lineage import lineage
+from provenance.writelog import WriteRecord
+
+
+class Direction(Enum):
+    FORWARD = "forward"
+    REVERSE = "reverse"
+
+
+@dataclass
+class ExceptionDetails:
+    filter: str  # "nan", "inf"
+    node: str
+    op: str
+    source: str | None
+    value: str
+    count: int
+    first_index: tuple[int, ...] | None
+    inputs: dict[str, dict]  # input name -> stats
+
+    def description(self) -> str:
+        what = "NaN" if self.filter == "nan" else "Inf"
+        return f"{self.count} {what} written to '{self.value}' by {self.op} ('{self.node}')" + (
+            f" at {self.source}" if self.source else "")
+
+
+@dataclass
+class Stop:
+    reason: str  # entry, step, breakpoint, function breakpoint, data breakpoint, exception, pause, goto, end
+    tick: int
+    description: str = ""
+    breakpoint_ids: list[int] = field(default_factory=list)
+    exception: ExceptionDetails | None = None
+
+
+@dataclass
+class SessionEvent:
+    kind: str  # "stopped", "output", "progress", "invalidated", "nondeterminism"
+    body: dict
+
+
+@dataclass
+class LaunchOptions:
+    program: str
+    entry: str = "build"
+    driver: str = "auto"
+    budget_mb: float = 1024.0
+    every: int | None = None
+    stop_on_entry: bool = False
+
+
+@dataclass
+class FrameInfo:
+    id: int  # 0 = innermost
+    name: str
+    file: str | None
+    line: int | None
+    module_path: str | None
+
+
+class Session:
+    """Hardware session manager: launch, move in both directions, inspect, edit."""
+
+    def __init__(self, on_event: Callable[[SessionEvent], None] | None = None):
+        self.on_event = on_event or (lambda e: None)
+        self.timeline: Timeline | None = None
+        self.program: Program | None = None
+        self.options: LaunchOptions | None = None
+        self.line_breakpoints: dict[str, list[Breakpoint]] = {}
+        self.function_breakpoints: list[Breakpoint] = []
+        self.data_breakpoints: list[Breakpoint] = []
+        self.exception_filters: set[str] = set()
+        self.last_stop: Stop | None = None
+        self._next_bp_id = 1
+        self._pause = threading.Event()
+        self._positions_cache: dict[int, tuple] = {}
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def launch(self, options: LaunchOptions, program: Program | None = None) -> None:
+        """Load the user's program (export it unless given) onto the driver; position 0."""
+        from hardware.frontends.torch_export import load_program
+
+        driver = open_driver(options.driver)
+        self.program = program or load_program(options.program, options.entry)
+        self.options = options
+        self._assignments: list[Assignment] = assignments(self.program)
+        self.timeline = Timeline(self.program, driver, budget=int(options.budget_mb * 2**20), every=options.every,
+                                 on_nondeterminism=self._report_nondeterminism)
+        for bps in self.line_breakpoints.values():
+            for bp in bps:
+                self._bind_line(bp)
+
+    def _report_nondeterminism(self, finding) -> None:
+        self.on_event(SessionEvent("output", {"category": "important", "text": str(finding) + "\n"}))
+        self.on_event(SessionEvent("nondeterminism", {"tick": finding.tick, "node": finding.node,
+                                                      "value": finding.value}))
+
+    @property
+    def tl(self) -> Timeline:
+        if self.timeline is None:
+            raise NotStoppedError("no program is loaded: launch first")
+        return self.timeline
+
+    @property
+    def position(self) -> Tick:
+        return Tick(self.tl.position)
+
+    @property
+    def end(self) -> Tick:
+        return Tick(self.tl.end)
+
+    def start(self) -> Stop:
+        """After configuration: stop at entry, or run to the first stop."""
+        if self.options and self.options.stop_on_entry:
+            return self._stopped(Stop("entry", self.tl.position, "stopped on entry"))
+        return self.run(Direction.FORWARD)
+
+    def pause(self) -> None:
+        """Thread-safe: ask a running scan to stop at the next tick."""
+        self._pause.set()
+
+    # -- moving ----------------------------------------------------------------------------------
+    def run(self, direction: Direction = Direction.FORWARD) -> Stop:
+        """Continue (or reverse-continue) to the next position where a breakpoint holds."""
+        return self._scan(direction, lambda q: self._breakpoint_stop(q, direction))
+
+    def step(self, direction: Direction = Direction.FORWARD, granularity: str = "line",
+             kind: str = "over") -> Stop:
+        """One step: kind over (next), in (stepIn), out (stepOut); granularity statement, line, instruction.
+
+        Breakpoints met on the way stop the step early, as in gdb."""
+        tl = self.tl
+        start = tl.position
+        if granularity in ("statement", "instruction") and kind != "out":
+            target = start + (1 if direction is Direction.FORWARD else -1)
+            return self._scan(direction, lambda q: Stop("step", q) if q == target else None)
+        frames = self._frames_at(start if start < tl.end else tl.end - 1)
+        if kind == "out":
+            return self._step_out(direction, frames)
+        if direction is Direction.REVERSE:
+            return self._step_back_line(frames)
+        depth = len(frames)
+
+        def done(q: int) -> Stop | None:
+            g = self._frames_at(q) if q < tl.end else ()
+            if kind == "in":
+                return Stop("step", q) if _keys(g) != _keys(frames) else None
+            if not _same_frame(frames, g, depth) or g[depth - 1].loc.line != frames[depth - 1].loc.line:
+                return Stop("step", q)
+            return None
+
+        return self._scan(direction, done, breakpoints=True)
+
+    def _step_out(self, direction: Direction, frames: tuple[Frame, ...]) -> Stop:
+        depth = len(frames)
+        tl = self.tl
+        if direction is Direction.FORWARD:
+            def left(q: int) -> Stop | None:
+                g = self._frames_at(q) if q < tl.end else ()
+                return Stop("step", q) if depth == 0 or not _same_frame(frames, g, depth) else None
+            return self._scan(direction, left, breakpoints=True)
+        # Backwards: to the instant before the current frame was entered.
+        q = min(tl.position, tl.end - 1)
+        while q > 0 and depth and _same_frame(frames, self._frames_at(q - 1), depth):
+            q -= 1
+        target = q if q < tl.position else max(q - 1, 0)
+        return self._scan(direction, lambda p: Stop("step", p) if p == target else None, breakpoints=True)
+
+    def _step_back_line(self, frames: tuple[Frame, ...]) -> Stop:
+        tl = self.tl
+        depth = len(frames)
+        q = tl.position - 1
+        if tl.position < tl.end:  # skip the earlier nodes of the current line
+            while q >= 0 and _in_line(frames, self._frames_at(q), depth):
+                q -= 1
+        if q < 0:
+            return self._scan(Direction.REVERSE, lambda p: Stop("step", p) if p == 0 else None)
+        anchor = self._frames_at(q)
+        level = min(depth, len(anchor)) if tl.position < tl.end else len(anchor)
+        while q > 0 and _in_line(anchor, self._frames_at(q - 1), level):
+            q -= 1
+        target = q
+        return self._scan(Direction.REVERSE, lambda p: Stop("step", p) if p == target else None, breakpoints=True)
+
+    def goto(self, tick: int) -> Stop:
+        tl = self.tl
+        if not 0 <= tick <= tl.end:
+            raise RewindError(f"tick {tick} is outside the program (0..{tl.end})")
+        tl.seek(tick)
+        self.on_event(SessionEvent("invalidated", {"areas": ["variables", "stacks"]}))
+        return self._stopped(self._end_or(Stop("goto", tick, f"tick {tick}")))
+
+    def restore(self, tick: int) -> Stop:
+        """Restore a checkpoint: go to its tick, where its values are retained."""
+        if tick not in {c.tick for c in self.tl.checkpoints()}:
+            raise RewindError(f"no checkpoint at tick {tick}; checkpoints: {[c.tick for c in self.tl.checkpoints()]}")
+        return self.goto(tick)
+
+    def restart(self) -> Stop:
+        self.tl.seek(0)
+        return self.start()
+
+    def _scan(self, direction: Direction, stop_at: Callable[[int], Stop | None], breakpoints: bool = False) -> Stop:
+        """Move position by position until `stop_at` (or a breakpoint, when asked) says stop."""
+        tl = self.tl
+        self._pause.clear()
+        q = tl.position
+        began = time.monotonic()
+        step = 1 if direction is Direction.FORWARD else -1
+        while True:
+            if step > 0 and q >= tl.end:
+                tl.seek(tl.end)
+                return self._stopped(Stop("end", tl.end, "end of program"))
+            if step < 0 and q <= 0:
+                tl.seek(0)
+                return self._stopped(Stop("entry", 0, "beginning of the program"))
+            q += step
+            if step > 0 and q > tl.frontier:
+                tl.seek(q)  # executes the step and records it
+            stop = stop_at(q)
+            if stop is None and breakpoints:
+                stop = self._breakpoint_stop(q, direction)
+            if stop is None and self._pause.is_set():
+                stop = Stop("pause", q, "paused")
+            if stop is not None:
+                tl.seek(q)
+                return self._stopped(self._end_or(stop))
+            if time.monotonic() - began > 0.5 and (q % 64 == 0):
+                self.on_event(SessionEvent("progress", {"message": f"tick {q} of {tl.end}",
+                                                        "percentage": 100.0 * q / max(tl.end, 1)}))
+
+    def _end_or(self, stop: Stop) -> Stop:
+        if stop.tick == self.tl.end and stop.reason in ("step", "goto"):
+            return Stop("end", stop.tick, "end of program")
+        return stop
+
+    def _stopped(self, stop: Stop) -> Stop:
+        self.last_stop = stop
+        self.on_event(SessionEvent("stopped", {"reason": stop.reason, "tick": stop.tick,
+                                               "description": stop.description,
+                                               "hitBreakpointIds": stop.breakpoint_ids}))
+        return stop
+
+    # -- breakpoints -------------------------------------------------------------------------------
+    def set_line_breakpoints(self, file: str, specs: Iterable[Mapping[str, Any]]) -> list[Breakpoint]:
+        """Replace the breakpoints of `file`. Each spec: line, condition?, hitCondition?, logMessage?."""
+        path = str(Path(file).resolve()) if file else file
+        result = []
+        for spec in specs:
+            bp = Breakpoint(self._next_bp_id, "line", f"{path}:{spec['line']}", spec.get("condition"),
+                            spec.get("hitCondition"), spec.get("logMessage"), file=path, line=int(spec["line"]))
+            self._next_bp_id += 1
+            self._validate(bp)
+            if bp.verified and self.program is not None:
+                self._bind_line(bp)
+            result.append(bp)
+        self.line_breakpoints[path] = result
+        return result
+
+    def _bind_line(self, bp: Breakpoint) -> None:
+        line, why = resolve_line(self.program, bp.file, bp.line)
+        if line is None:
+            bp.verified, bp.message = False, why
+        else:
+            bp.line, bp.verified, bp.message = line, bp.verified, bp.message
+
+    def set_function_breakpoints(self, specs: Iterable[Mapping[str, Any]]) -> list[Breakpoint]:
+        result = []
+        for spec in specs:
+            name = spec["name"]
+            bp = Breakpoint(self._next_bp_id, "function", name, spec.get("condition"), spec.get("hitCondition"))
+            self._next_bp_id += 1
+            self._validate(bp)
+            if bp.verified and self.program is not None and not self.program.find_nodes(name):
+                bp.verified, bp.message = False, (f"no node, op or module path '{name}' in the program "
+                                                  "(try a node name, an op like aten.softmax, or blocks.0.attn)")
+            result.append(bp)
+        self.function_breakpoints = result
+        return result
+
+    def set_data_breakpoints(self, specs: Iterable[Mapping[str, Any]]) -> list[Breakpoint]:
+        result = []
+        for spec in specs:
+            value = spec["dataId"]
+            bp = Breakpoint(self._next_bp_id, "data", value, spec.get("condition"), spec.get("hitCondition"))
+            self._next_bp_id += 1
+            self._validate(bp)
+            if bp.verified and (self.program is None or value not in self.program.values):
+                bp.verified, bp.message = False, f"no value named '{value}' in the program"
+            result.append(bp)
+        self.data_breakpoints = result
+        return result
+
+    def set_exception_filters(self, filters: Iterable[str]) -> None:
+        unknown = set(filters) - {"nan", "inf"}
+        if unknown:
+            raise RewindError(f"unknown exception filter(s): {', '.join(sorted(unknown))} (known: nan, inf)")
+        self.exception_filters = set(filters)
+
+    def _validate(self, bp: Breakpoint) -> None:
+        try:
+            check_breakpoint_expressions(bp.condition, bp.hit_condition, bp.log_message)
+        except ExpressionError as exc:
+            bp.verified, bp.message = False, str(exc)
+
+    def _all_breakpoints(self) -> list[Breakpoint]:
+        out = [bp for bps in self.line_breakpoints.values() for bp in bps]
+        return [bp for bp in out + self.function_breakpoints + self.data_breakpoints if bp.verified]
+
+    def _static_positions(self, bp: Breakpoint) -> tuple[list[int], frozenset[int]]:
+        """Positions where the breakpoint's static part matches (cached until the schedule changes)."""
+        tl = self.tl
+        key = (bp.id, tl.end, len(tl.log) if bp.kind == "data" else 0, id(tl))
+        cached = self._positions_cache.get(bp.id)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        if bp.kind == "line":
+            found = line_positions(self.program, tl.node_at, tl.end, bp.file, bp.line)
+        elif bp.kind == "function":
+            found = function_positions(self.program, tl.node_at, tl.end, bp.spec)
+        else:
+            found = [r.tick + 1 for r in tl.log.history(bp.spec)]
+        self._positions_cache[bp.id] = (key, (found, frozenset(found)))
+        return found, frozenset(found)
+
+    def _holds(self, bp: Breakpoint, q: int, static: tuple[list[int], frozenset[int]]) -> bool:
+        positions, members = static
+        if q not in members:
+            return False
+        if bp.condition or bp.hit_condition:
+            hits = 0
+            for p in positions:
+                if p > q:
+                    break
+                if self._condition(bp, p):
+                    hits += 1
+            return self._condition(bp, q) and bp.accepts_hits(hits)
+        return True
+
+    def _condition(self, bp: Breakpoint, q: int) -> bool:
+        if not bp.condition:
+            return True
+        if q not in bp._cond_cache:
+            try:
+                bp._cond_cache[q] = truth(evaluate(bp.condition, self.names_at(q)))
+            except ExpressionError as exc:
+                self.on_event(SessionEvent("output", {"category": "stderr",
+                                                      "text": f"breakpoint {bp.id} condition failed at tick {q}: {exc}\n"}))
+                bp._cond_cache[q] = True  # an unevaluable condition stops, so the user sees why
+        return bp._cond_cache[q]
+
+    def _breakpoint_stop(self, q: int, direction: Direction) -> Stop | None:
+        hit: list[Breakpoint] = []
+        for bp in self._all_breakpoints():
+            if self._holds(bp, q, self._static_positions(bp)):
+                if bp.log_message is not None:
+                    if direction is Direction.FORWARD:
+                        self.on_event(SessionEvent("output", {"category": "console",
+                                                              "text": self._interpolate(bp.log_message, q) + "\n"}))
+                    continue
+                hit.append(bp)
+        if hit:
+            kinds = {bp.kind for bp in hit}
+            reason = "data breakpoint" if kinds == {"data"} else (
+                "function breakpoint" if kinds == {"function"} else "breakpoint")
+            return Stop(reason, q, ", ".join(_describe_bp(bp) for bp in hit), [bp.id for bp in hit])
+        if self.exception_filters and q > 0:
+            details = self._exception_at(q - 1)
+            if details is not None:
+                return Stop("exception", q, details.description(), exception=details)
+        return None
+
+    def _interpolate(self, message: str, q: int) -> str:
+        import re
+
+        def sub(m):
+            try:
+                return _short(evaluate(m[1], self.names_at(q)))
+            except ExpressionError as exc:
+                return f"<{exc}>"
+        return re.sub(r"\{([^{}]+)\}", sub, message)
+
+    def _exception_at(self, tick: int) -> ExceptionDetails | None:
+        """Did step `tick` produce a NaN/Inf (one its inputs did not carry)?"""
+        tl = self.tl
+        for rec in tl.log.at_tick(tick):
+            for filt, count in (("nan", rec.stats.nan), ("inf", rec.stats.inf)):
+                if filt in self.exception_filters and count and not self._inputs_carry(tick, filt):
+                    return self._exception_details(rec, filt, count)
+        return None
+
+    def _inputs_carry(self, tick: int, filt: str) -> bool:
+        node = self.tl.node_at(tick)
+        names = node.input_names() if node else [self.tl.step_at(tick).edit.value]
+        for name in names:
+            s = self.value_stats(name, tick)
+            if (s["nan"] if filt == "nan" else s["inf"]):
+                return True
+        return False
+
+    def _exception_details(self, rec: WriteRecord, filt: str, count: int) -> ExceptionDetails:
+        tensor = self.tl.value(rec.value, rec.tick + 1)
+        mask = torch.isnan(tensor) if filt == "nan" else torch.isinf(tensor)
+        idx = mask.nonzero()
+        first = tuple(int(i) for i in idx[0]) if len(idx) else None
+        node = self.tl.node_at(rec.tick)
+        inputs = {n: self.value_stats(n, rec.tick) for n in (node.input_names() if node else [])}
+        return ExceptionDetails(filt, rec.node_name or "edit", rec.op or "edit", str(rec.loc) if rec.loc else None,
+                                rec.value, count, first, inputs)
+
+    def exception_info(self) -> ExceptionDetails:
+        if self.last_stop is None or self.last_stop.exception is None:
+            raise RewindError("not stopped on an exception")
+        return self.last_stop.exception
+
+    # -- inspection -------------------------------------------------------------------------------------
+    def current_node(self) -> Node | None:
+        return self.tl.node_at(self.tl.position)
+
+    def _frames_at(self, tick: int) -> tuple[Frame, ...]:
+        node = self.tl.node_at(tick)
+        return node.frames if node else ()
+
+    def frames(self) -> list[FrameInfo]:
+        """The node at its source line, then the enclosing module forward frames, innermost first."""
+        tl = self.tl
+        tick = tl.position if tl.position < tl.end else tl.end - 1
+        node = tl.node_at(tick)
+        if node is None:
+            step = tl.step_at(tick)
+            return [FrameInfo(0, f"edit of {step.edit.value}" if step and step.edit else "<start>", None, None, None)]
+        out = []
+        for i, frame in enumerate(reversed(node.frames)):
+            label = f"{node.name} ({node.op_short})" if i == 0 else f"{frame.module_class or ''}.{frame.loc.function}"
+            where = frame.module_path if frame.module_path is not None else ""
+            name = f"{label} [{where or '<root>'}]" if i == 0 else f"{label} [{where or '<root>'}]".lstrip(".")
+            out.append(FrameInfo(i, name, frame.loc.file, frame.loc.line, frame.module_path))
+        if not out:
+            out.append(FrameInfo(0, f"{node.name} ({node.op_short})", None, None, node.module_path))
+        return out
+
+    def names_at(self, position: int | None = None) -> Mapping[str, Any]:
+        """Name -> tensor at a position, materialised lazily (for expressions): the source variables of the
+        frames on the stack first (`scores`, `x`), then every value by its Program name (`div_1`)."""
+        pos = self.tl.position if position is None else position
+        return _LazyValues(self.tl, pos, self.source_names(pos))
+
+    def source_names(self, position: int | None = None, level: int = 0) -> dict[str, str]:
+        """Source variable -> value name in one frame on the stack (0 = innermost), as Python scopes them:
+        the latest assignment in that frame instance before the position."""
+        tl = self.tl
+        pos = tl.position if position is None else position
+        frames = self._frames_at(pos if pos < tl.end else tl.end - 1)
+        if pos >= tl.end:
+            frames = frames[:1]
+        if level >= len(frames):
+            return {}
+        scope = frame_instance(frames[len(frames) - 1 - level])
+        names: dict[str, str] = {}
+        for a in self._assignments:
+            if a.frame == scope and tl.node_tick[a.node] < pos:
+                names.update(a.names)
+        return names
+
+    def tensor(self, name: str, position: int | None = None) -> Any:
+        self._require_value(name)
+        return self.tl.value(name, position)
+
+    def _require_value(self, name: str) -> None:
+        if self.program is None or name not in self.program.values:
+            raise RewindError(f"no value named '{name}' in the program")
+
+    def value_stats(self, name: str, position: int | None = None) -> dict:
+        """min/max/mean, NaN/Inf counts of a value at a position (from the write log when recorded)."""
+        tl = self.tl
+        pos = tl.position if position is None else position
+        version = tl.version_at(name, pos)
+        if version is None:
+            raise RewindError(f"'{name}' does not exist at tick {pos}")
+        if version >= 0:
+            rec = tl.log.last_writer(value=name, before=version + 1)
+            if rec is not None and rec.tick == version:
+                return {"min": rec.stats.min, "max": rec.stats.max, "mean": rec.stats.mean,
+                        "nan": rec.stats.nan, "inf": rec.stats.inf}
+        s = tl.driver.inspect(tl.value_version(name, version))
+        return {"min": s.min, "max": s.max, "mean": s.mean, "nan": s.nan, "inf": s.inf}
+
+    def live_values(self) -> list[str]:
+        return self.tl.live()
+
+    def locate(self, name: str) -> Placement:
+        self._require_value(name)
+        tl = self.tl
+        tensor = tl.physical.get(name) if name in tl.physical else tl.value(name)
+        return Placement(name, (tl.driver.locate(tensor),))
+
+    def provenance(self, name: str, max_history: int = 64) -> dict:
+        """Who wrote a value (last writer before the position), its write history, and its lineage."""
+        self._require_value(name)
+        tl = self.tl
+        last = tl.log.last_writer(value=name, before=tl.position)
+        history = tl.log.history(name, before=tl.position)[-max_history:]
+        info = self.program.values[name]
+        return {
+            "value": name, "kind": info.kind, "dtype": info.dtype, "shape": list(info.shape),
+            "lastWriter": last.to_dict() if last else None,
+            "history": [r.to_dict() for r in history],
+            "lineage": lineage(self.program, name).to_dict(self.program),
+        }
+
+    def who_wrote(self, address: int) -> WriteRecord | None:
+        return self.tl.log.last_writer(address=address, before=self.tl.position)
+
+    def evaluate(self, expression: str) -> Any:
+        return evaluate(expression, self.names_at())
+
+    # -- edits ---------------------------------------------------------------------------------------
+    def write_memory(self, name: str, offset: int, data: bytes) -> int:
+        """Overwrite bytes of a value at the position: a recorded edit, undone by stepping back."""
+        self._require_value(name)
+        tl = self.tl
+        tensor = tl.value(name)
+        size = tensor.numel() * tensor.element_size()
+        if offset < 0 or offset + len(data) > size:
+            raise RewindError(f"write of {len(data)} bytes at offset {offset} is outside '{name}' ({size} bytes)")
+        tick = tl.edit(name, offset, data, f"write {len(data)} bytes at +{offset}")
+        self._invalidate_conditions()
+        return tick
+
+    def set_element(self, name: str, index: tuple[int, ...], value: float) -> int:
+        """Set one element (a setVariable): encoded in the value's dtype and written as an edit."""
+        tensor = self.tensor(name)
+        if not tensor.is_contiguous():
+            raise RewindError(f"'{name}' is a strided view; set the element on the value it views")
+        flat = 0
+        for i, (ix, size) in enumerate(zip(index, tensor.shape)):
+            if not -size <= ix < size:
+                raise RewindError(f"index {ix} is out of range for dimension {i} of '{name}' (size {size})")
+            flat = flat * size + (ix % size)
+        if len(index) != tensor.dim():
+            raise RewindError(f"'{name}' has {tensor.dim()} dimensions; got an index of {len(index)}")
+        data = torch.tensor([value], dtype=tensor.dtype).numpy().tobytes()
+        return self.write_memory(name, flat * tensor.element_size(), data)
+
+    def _invalidate_conditions(self) -> None:
+        for bp in self._all_breakpoints():
+            bp.invalidate()
+
+    def read_memory(self, name: str, offset: int, count: int) -> bytes:
+        self._require_value(name)
+        tl = self.tl
+        tensor = tl.physical[name] if name in tl.physical else tl.value(name)
+        size = tensor.untyped_storage().nbytes() - tensor.storage_offset() * tensor.element_size()
+        start, stop = max(0, offset), min(size, offset + count)
+        return tl.driver.read(tensor, start, stop - start) if stop > start else b""
+
+    # -- checkpoints, timeline -----------------------------------------------------------------------
+    def checkpoints(self) -> list[dict]:
+        return [{"tick": c.tick, "bytes": c.bytes, "tier": c.tier, "values": c.values} for c in self.tl.checkpoints()]
+
+    def timeline_entries(self, start: int = 0, count: int = 100) -> list[dict]:
+        tl = self.tl
+        out = []
+        for tick in range(max(0, start), min(tl.end, start + count)):
+            step = tl.step_at(tick)
+            node = tl.node_at(tick)
+            out.append({
+                "tick": tick, "unit": tl.unit_name(step.unit),
+                "node": node.name if node else None, "op": node.op if node else "edit",
+                "source": {"file": node.loc.file, "line": node.loc.line} if node and node.loc else None,
+                "module": node.module_path if node else None,
+                "executed": tick < tl.frontier,
+                "edit": step.edit.description if step.edit else None,
+            })
+        return out
+
+
+class _LazyValues(Mapping):
+    def __init__(self, tl: Timeline, position: int, aliases: dict[str, str]):
+        self.tl, self.position, self.aliases = tl, position, aliases
+
+    def __getitem__(self, name: str) -> Any:
+        name = self.aliases.get(name, name)
+        if name not in self.tl.program.values or self.tl.version_at(name, self.position) is None:
+            raise KeyError(name)
+        return self.tl.value(name, self.position)
+
+    def __iter__(self):
+        return iter(list(self.aliases) + self.tl.defined(self.position))
+
+    def __len__(self) -> int:
+        return len(self.aliases) + len(self.tl.defined(self.position))
+
+
+def _keys(frames: tuple[Frame, ...]) -> list[tuple]:
+    return [(f.loc.file, f.loc.line, f.module_path) for f in frames]
+
+
+def _same_frame(frames: tuple[Frame, ...], other: tuple[Frame, ...], depth: int) -> bool:
+    """Is `other` still inside the frame instance frames[depth-1] (whatever line it is at)?"""
+    if depth == 0:
+        return True
+    if len(other) < depth:
+        return False
+    if _keys(other[: depth - 1]) != _keys(frames[: depth - 1]):
+        return False
+    a, b = frames[depth - 1], other[depth - 1]
+    return (a.loc.file, a.loc.function, a.module_path) == (b.loc.file, b.loc.function, b.module_path)
+
+
+def _in_line(frames: tuple[Frame, ...], other: tuple[Frame, ...], depth: int) -> bool:
+    return _same_frame(frames, other, depth) and (depth == 0 or other[depth - 1].loc.line == frames[depth - 1].loc.line)
+
+
+def _describe_bp(bp: Breakpoint) -> str:
+    if bp.kind == "line":
+        return f"breakpoint {bp.id} at {Path(bp.file).name}:{bp.line}"
+    if bp.kind == "function":
+        return f"breakpoint {bp.id} on {bp.spec}"
+    return f"data breakpoint {bp.id}: write to {bp.spec}"
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        if value.numel() == 1:
+            return f"{value.item():.6g}" if value.is_floating_point() else str(value.item())
+        return f"tensor(shape={list(value.shape)}, dtype={str(value.dtype).removeprefix('torch.')})"
+    return str(value)

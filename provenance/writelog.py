@@ -1,0 +1,173 @@
+"""The write log: one WriteRecord per memory write, stored column by column.
+
+Columns are numpy arrays grown by doubling, so a million writes cost tens of MB, and the
+queries (last writer of an address at tick t, a value's history) are vectorised scans.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from hardware.driver import WriteStats
+from hardware.memory import Location
+from hardware.program import Program, SourceLoc
+
+KIND_NODE, KIND_BUFFER, KIND_EDIT = 0, 1, 2
+KIND_NAMES = {KIND_NODE: "node output", KIND_BUFFER: "buffer write", KIND_EDIT: "user edit"}
+
+_COLUMNS = [
+    ("tick", np.int64), ("unit", np.int32), ("node", np.int32), ("value", np.int32), ("kind", np.int8),
+    ("space", np.int16), ("address", np.uint64), ("nbytes", np.int64), ("digest", np.int64),
+    ("nan", np.int64), ("inf", np.int64), ("min", np.float64), ("max", np.float64), ("mean", np.float64),
+]
+
+
+@dataclass(frozen=True)
+class WriteRecord:
+    index: int
+    tick: int
+    unit: str
+    node: int | None  # None for a user edit
+    node_name: str | None
+    op: str | None
+    value: str
+    kind: str
+    loc: SourceLoc | None
+    location: Location
+    digest: int
+    dtype: str
+    shape: tuple[int, ...]
+    stats: WriteStats
+
+    def to_dict(self) -> dict:
+        return {
+            "tick": self.tick, "unit": self.unit, "node": self.node_name, "op": self.op, "value": self.value,
+            "kind": self.kind, "source": {"file": self.loc.file, "line": self.loc.line} if self.loc else None,
+            "location": self.location.to_dict(), "digest": f"{self.digest & 0xFFFFFFFFFFFFFFFF:016x}",
+            "dtype": self.dtype, "shape": list(self.shape),
+            "stats": {"min": self.stats.min, "max": self.stats.max, "mean": self.stats.mean,
+                      "nan": self.stats.nan, "inf": self.stats.inf},
+        }
+
+
+class _Interned:
+    def __init__(self) -> None:
+        self.items: list[str] = []
+        self.ids: dict[str, int] = {}
+
+    def id(self, s: str) -> int:
+        i = self.ids.get(s)
+        if i is None:
+            i = self.ids[s] = len(self.items)
+            self.items.append(s)
+        return i
+
+
+class WriteLog:
+    def __init__(self, program: Program, chip: str, capacity: int = 1024):
+        self.program = program
+        self.chip = chip
+        self._n = 0
+        self._cols = {name: np.zeros(capacity, dtype=dt) for name, dt in _COLUMNS}
+        self._units, self._values, self._spaces = _Interned(), _Interned(), _Interned()
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self._cols.values())
+
+    def append(self, tick: int, unit: str, node: int | None, value: str, kind: int,
+               location: Location, stats: WriteStats) -> int:
+        if self._n == len(self._cols["tick"]):
+            for name, col in self._cols.items():
+                self._cols[name] = np.concatenate([col, np.zeros_like(col)])
+        i = self._n
+        row = {
+            "tick": tick, "unit": self._units.id(unit), "node": -1 if node is None else node,
+            "value": self._values.id(value), "kind": kind, "space": self._spaces.id(location.space),
+            "address": location.address, "nbytes": location.nbytes, "digest": stats.digest,
+            "nan": stats.nan, "inf": stats.inf, "min": stats.min, "max": stats.max, "mean": stats.mean,
+        }
+        for name, v in row.items():
+            self._cols[name][i] = v
+        self._n += 1
+        return i
+
+    def truncate(self, tick: int) -> None:
+        """Forget every record at or after `tick` (the future of a rewritten history)."""
+        keep = int(np.searchsorted(self._col("tick"), tick, side="left"))
+        self._n = keep
+
+    def _col(self, name: str) -> np.ndarray:
+        return self._cols[name][: self._n]
+
+    def record(self, i: int) -> WriteRecord:
+        c = {name: col[i] for name, col in self._cols.items()}
+        node_idx = int(c["node"])
+        node = self.program.nodes[node_idx] if node_idx >= 0 else None
+        value = self._values.items[int(c["value"])]
+        info = self.program.values.get(value)
+        dtype, shape = (info.dtype, info.shape) if info else ("", ())
+        unit = self._units.items[int(c["unit"])]
+        location = Location(self.chip, unit, self._spaces.items[int(c["space"])], int(c["address"]),
+                            int(c["nbytes"]), dtype, shape)
+        stats = WriteStats(int(c["digest"]), int(c["nan"]), int(c["inf"]), float(c["min"]), float(c["max"]),
+                           float(c["mean"]))
+        return WriteRecord(i, int(c["tick"]), unit, node_idx if node else None, node.name if node else None,
+                           node.op if node else None, value, KIND_NAMES[int(c["kind"])],
+                           node.loc if node else None, location, int(c["digest"]), dtype, shape, stats)
+
+    # -- queries ---------------------------------------------------------------------------
+    def at_tick(self, tick: int) -> list[WriteRecord]:
+        ticks = self._col("tick")
+        lo, hi = np.searchsorted(ticks, tick, "left"), np.searchsorted(ticks, tick, "right")
+        return [self.record(i) for i in range(int(lo), int(hi))]
+
+    def history(self, value: str, before: int | None = None) -> list[WriteRecord]:
+        """Every write of `value`, oldest first (optionally only those before tick `before`)."""
+        vid = self._values.ids.get(value)
+        if vid is None:
+            return []
+        mask = self._col("value") == vid
+        if before is not None:
+            mask &= self._col("tick") < before
+        return [self.record(int(i)) for i in np.flatnonzero(mask)]
+
+    def last_writer(self, value: str | None = None, address: int | None = None,
+                    before: int | None = None) -> WriteRecord | None:
+        """The latest write of a value, or of any byte at `address`, before tick `before`."""
+        n = self._n
+        mask = np.ones(n, dtype=bool)
+        if value is not None:
+            vid = self._values.ids.get(value)
+            if vid is None:
+                return None
+            mask &= self._col("value") == vid
+        if address is not None:
+            start = self._col("address")
+            mask &= (start <= np.uint64(address)) & (np.uint64(address) < start + self._col("nbytes").astype(np.uint64))
+        if before is not None:
+            mask &= self._col("tick") < before
+        hits = np.flatnonzero(mask)
+        return self.record(int(hits[-1])) if len(hits) else None
+
+    def first_nonfinite(self, after: int = -1, nan: bool = True, inf: bool = True) -> WriteRecord | None:
+        mask = self._col("tick") > after
+        bad = np.zeros(self._n, dtype=bool)
+        if nan:
+            bad |= self._col("nan") > 0
+        if inf:
+            bad |= self._col("inf") > 0
+        hits = np.flatnonzero(mask & bad)
+        return self.record(int(hits[0])) if len(hits) else None
+
+    def digests_at(self, tick: int) -> dict[str, int]:
+        return {r.value: r.digest for r in self.at_tick(tick)}
+
+    def __iter__(self) -> Iterator[WriteRecord]:
+        return (self.record(i) for i in range(self._n))
