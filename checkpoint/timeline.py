@@ -19,10 +19,15 @@ from checkpoint.ring import Checkpoint, Ring, VersionKey
 from hardware.driver import Driver, WriteStats
 from hardware.errors import RewindError
 from hardware.program import Node, Program
-from provenance.writelog import KIND_BUFFER, KIND_EDIT, KIND_NODE, WriteLog
+from provenance.writelog import KIND_BUFFER, KIND_EDIT, KIND_NODE, KIND_VIEW, WriteLog
 
 Tick = NewType("Tick", int)
 INITIAL = -1  # the version tick of inputs, parameters, constants and initial buffer contents
+
+
+def _keep(into: list, item: Any) -> Any:
+    into.append(item)
+    return item
 
 
 @dataclass(frozen=True)
@@ -228,10 +233,10 @@ class Timeline:
         outputs = self._run_node(node, tick, self._get)
         recorded = self.log.digests_at(tick)
         for out_name, tensor in zip(node.outputs, outputs):
-            stats = self.driver.inspect(tensor)
             expected = recorded.get(out_name)
-            if expected is not None and expected != stats.digest:
-                finding = Nondeterminism(tick, node.name, out_name, expected, stats.digest)
+            digest = self.driver.inspect(tensor).digest if expected is not None else None
+            if expected is not None and expected != digest:
+                finding = Nondeterminism(tick, node.name, out_name, expected, digest)
                 self.nondeterminism.append(finding)
                 if self.on_nondeterminism:
                     self.on_nondeterminism(finding)
@@ -276,9 +281,12 @@ class Timeline:
                 self._record(tick, None, step.edit.value, KIND_EDIT, edited, unit)
                 return
             node = self.program.nodes[step.node]
-            outputs = self._run_node(node, tick, lambda k: self.value_version(*k))
+            inputs: list[Any] = []
+            outputs = self._run_node(node, tick, lambda k: _keep(inputs, self.value_version(*k)))
+            input_storages = {self.driver.storage_key(t) for t in inputs if hasattr(t, "untyped_storage")}
             for name, tensor in zip(node.outputs, outputs):
-                self._record(tick, node.index, name, KIND_NODE, tensor, unit)
+                view = self.driver.storage_key(tensor) in input_storages
+                self._record(tick, node.index, name, KIND_VIEW if view else KIND_NODE, tensor, unit)
                 buf = self.buffer_source.get(name)
                 if buf is not None:
                     self.driver.copy_into(self.physical[buf], tensor)
@@ -292,7 +300,7 @@ class Timeline:
             self._scratch.clear()
 
     def _record(self, tick: int, node: int | None, name: str, kind: int, tensor: Any, unit: str) -> WriteStats:
-        stats = self.driver.inspect(tensor)
+        stats = WriteStats.empty() if kind == KIND_VIEW else self.driver.inspect(tensor)
         self.log.append(tick, unit, node, name, kind, self.driver.locate(tensor, unit), stats)
         self.versions.setdefault(name, []).append(tick)
         self._store((name, tick), tensor)
@@ -313,6 +321,12 @@ class Timeline:
         self.node_tick = [t + 1 if t >= pos else t for t in self.node_tick]
         self.forward()
         return pos
+
+    def reexecute_from(self, tick: int) -> None:
+        """Forget the recorded future from `tick` and execute it again to the end (an experiment's replay)."""
+        self.seek(tick)
+        self._truncate(tick)
+        self.seek(self.end)
 
     def _truncate(self, tick: int) -> None:
         """Forget everything recorded at or after `tick`: the future is about to change."""

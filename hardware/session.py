@@ -511,7 +511,7 @@ class Session:
             raise RewindError(f"'{name}' does not exist at tick {pos}")
         if version >= 0:
             rec = tl.log.last_writer(value=name, before=version + 1)
-            if rec is not None and rec.tick == version:
+            if rec is not None and rec.tick == version and rec.kind != "view":
                 return {"min": rec.stats.min, "max": rec.stats.max, "mean": rec.stats.mean,
                         "nan": rec.stats.nan, "inf": rec.stats.inf}
         s = tl.driver.inspect(tl.value_version(name, version))

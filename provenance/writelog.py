@@ -15,8 +15,9 @@ from hardware.driver import WriteStats
 from hardware.memory import Location
 from hardware.program import Program, SourceLoc
 
-KIND_NODE, KIND_BUFFER, KIND_EDIT = 0, 1, 2
-KIND_NAMES = {KIND_NODE: "node output", KIND_BUFFER: "buffer write", KIND_EDIT: "user edit"}
+KIND_NODE, KIND_BUFFER, KIND_EDIT, KIND_VIEW = 0, 1, 2, 3
+# A view (transpose, reshape, slice) writes no memory: it is logged, its stats are computed on demand.
+KIND_NAMES = {KIND_NODE: "node output", KIND_BUFFER: "buffer write", KIND_EDIT: "user edit", KIND_VIEW: "view"}
 
 _COLUMNS = [
     ("tick", np.int64), ("unit", np.int32), ("node", np.int32), ("value", np.int32), ("kind", np.int8),
@@ -167,7 +168,8 @@ class WriteLog:
         return self.record(int(hits[0])) if len(hits) else None
 
     def digests_at(self, tick: int) -> dict[str, int]:
-        return {r.value: r.digest for r in self.at_tick(tick)}
+        """Digests of the memory written at a tick (views wrote none)."""
+        return {r.value: r.digest for r in self.at_tick(tick) if r.kind != KIND_NAMES[KIND_VIEW]}
 
     def __iter__(self) -> Iterator[WriteRecord]:
         return (self.record(i) for i in range(self._n))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import math
+import sys
 from typing import Any
 
 import torch
@@ -12,14 +14,31 @@ from hardware.errors import DriverError, UnsupportedOpError
 from hardware.memory import Location
 from hardware.program import Node, Program
 
-_DIGEST_LANES = 64
+
+
+def _keep_freed_memory() -> None:
+    """Let glibc reuse freed tensor memory instead of returning it to the OS.
+
+    The checkpoint ring retains and evicts many large tensors; with glibc's defaults every
+    tensor over its mmap threshold is unmapped when freed and page-faulted afresh when the
+    next one is allocated, which costs more than the ops themselves on a CPU."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.mallopt(_M_MMAP_THRESHOLD, 32 * 2**20)  # glibc's maximum
+    libc.mallopt(_M_TRIM_THRESHOLD, 2**30)
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 
 class TorchDriver(Driver):
     def __init__(self, device: torch.device):
+        if device.type == "cpu" and sys.platform.startswith("linux"):
+            _keep_freed_memory()
         self.device = device
         self.name = f"torch:{device}"
-        self._weights: torch.Tensor | None = None
         self._segments: list[dict] | None = None
 
     @classmethod
@@ -102,51 +121,48 @@ class TorchDriver(Driver):
 
     # -- on-device checks ----------------------------------------------------------------
     def inspect(self, tensor: torch.Tensor) -> WriteStats:
+        """Three reductions on the device (digest, min/max, sum); NaN/Inf are counted only when min/max
+        show one is there (aminmax propagates NaN, and an Inf is an extreme)."""
         n = tensor.numel()
         if n == 0:
             return WriteStats.empty()
         flat = tensor.reshape(-1)
-        digest = self._digest(flat)
-        if flat.dtype == torch.bool:
-            flat = flat.to(torch.uint8)
-        total = flat.sum(dtype=torch.float64) if not flat.is_complex() else flat.abs().sum(dtype=torch.float64)
-        if flat.is_complex():
-            flat = flat.abs()
-        if flat.is_floating_point() and not torch.isfinite(total):
-            nan_mask = torch.isnan(flat)
-            inf_mask = torch.isinf(flat)
-            finite = flat[~(nan_mask | inf_mask)]
-            nan, inf = int(nan_mask.sum()), int(inf_mask.sum())
-            if finite.numel():
-                lo, hi = torch.aminmax(finite)
-                vals = torch.stack([lo.double(), hi.double(), finite.sum(dtype=torch.float64) / finite.numel(), digest.double()]).tolist()
-            else:
-                vals = [math.nan, math.nan, math.nan, float(digest)]
-            return WriteStats(int(digest), nan, inf, vals[0], vals[1], vals[2])
-        lo, hi = torch.aminmax(flat)
-        lo_v, hi_v, total_v = torch.stack([lo.double(), hi.double(), total]).tolist()
-        return WriteStats(int(digest), 0, 0, lo_v, hi_v, total_v / n)
+        digest = int(self._digest(flat))
+        x = flat.view(torch.uint8) if flat.dtype == torch.bool else flat
+        if x.is_complex():
+            x = x.abs()
+        if not x.is_floating_point():
+            lo, hi = torch.aminmax(x)
+            lo_v, hi_v, total = torch.stack([lo.double(), hi.double(), x.sum(dtype=torch.float64)]).tolist()
+            return WriteStats(digest, 0, 0, lo_v, hi_v, total / n)
+        acc = x.sum(dtype=torch.float32 if x.element_size() < 4 else None)
+        lo, hi = torch.aminmax(x)
+        lo_v, hi_v, total = torch.stack([lo.double(), hi.double(), acc.double()]).tolist()
+        if math.isfinite(lo_v) and math.isfinite(hi_v):
+            if not math.isfinite(total):  # the sum overflowed its accumulator: redo it wide
+                total = float(x.sum(dtype=torch.float64))
+            return WriteStats(digest, 0, 0, lo_v, hi_v, total / n)
+        nan_mask, inf_mask = torch.isnan(x), torch.isinf(x)
+        finite = x[~(nan_mask | inf_mask)]
+        nan, inf = int(nan_mask.sum()), int(inf_mask.sum())
+        if not finite.numel():
+            return WriteStats(digest, nan, inf, math.nan, math.nan, math.nan)
+        lo, hi = torch.aminmax(finite)
+        lo_v, hi_v, total = torch.stack([lo.double(), hi.double(), finite.sum(dtype=torch.float64)]).tolist()
+        return WriteStats(digest, nan, inf, lo_v, hi_v, total / finite.numel())
 
-    def _digest(self, flat: torch.Tensor) -> torch.Tensor:
-        """A position-sensitive checksum of the bytes, computed on the device (int64, wraps)."""
+    @staticmethod
+    def _digest(flat: torch.Tensor) -> torch.Tensor:
+        """A checksum of the bytes computed on the device: the wrapping sum of their widest words.
+
+        One pass, no temporaries; any change of one word changes it. It does not see a permutation
+        of whole words, which no non-deterministic kernel produces without also changing values."""
         raw = flat.contiguous().view(torch.uint8)
-        if raw.numel() % 4 == 0:
-            raw = raw.view(torch.int32)
-        weights = self._digest_weights()
-        body = raw.numel() - raw.numel() % _DIGEST_LANES
-        acc = torch.zeros((), dtype=torch.int64, device=flat.device)
-        if body:
-            acc = (raw[:body].view(-1, _DIGEST_LANES).to(torch.int64) * weights).sum()
-        if body < raw.numel():
-            acc = acc + (raw[body:].to(torch.int64) * weights[: raw.numel() - body]).sum()
-        return acc
-
-    def _digest_weights(self) -> torch.Tensor:
-        if self._weights is None:
-            gen = torch.Generator().manual_seed(0x5EED)
-            w = torch.randint(1, 2**31 - 1, (_DIGEST_LANES,), generator=gen, dtype=torch.int64) | 1
-            self._weights = w.to(self.device)
-        return self._weights
+        nbytes = raw.numel()
+        for dtype, width in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
+            if nbytes % width == 0:
+                return raw.view(dtype).sum(dtype=torch.int64) + nbytes
+        return raw.sum(dtype=torch.int64) + nbytes
 
     # -- bytes ---------------------------------------------------------------------------
     def read(self, tensor: torch.Tensor, offset: int, count: int) -> bytes:

@@ -76,7 +76,9 @@ def export_program(model: torch.nn.Module, inputs: tuple, name: str = "program")
     model = model.eval()
     try:
         with torch.no_grad():
-            exported = torch.export.export(model, inputs)
+            # An empty decomposition table functionalises (in-place writes to buffers become buffer
+            # mutation outputs) while keeping the ops users wrote: aten.linear, aten.layer_norm, ...
+            exported = torch.export.export(model, inputs).run_decompositions({})
     except Exception as exc:
         first = str(exc).strip().splitlines()
         raise ProgramLoadError(
@@ -123,6 +125,8 @@ def program_from_export(ep: ExportedProgram, inputs: tuple, name: str, model: to
         op = _op_name(fx.target)
         if op.startswith(_DROPPED_OPS):
             continue
+        if isinstance(fx.target, torch._ops.OpOverload) and fx.target._schema.is_mutable:
+            raise ProgramLoadError(f"node '{fx.name}' runs the in-place op {op}, which export did not functionalise")
         index = len(nodes)
         outputs = _output_names(fx)
         getitem_of[fx.name] = outputs

@@ -1,0 +1,37 @@
+"""Shared fixtures: programs are exported once per test session (export takes seconds)."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from pathlib import Path
+
+import pytest
+
+from hardware.frontends.torch_export import load_program
+from hardware.session import LaunchOptions, Session
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+MODELS = Path(__file__).resolve().parent / "models"
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+@functools.lru_cache(maxsize=None)
+def program(path: str, entry: str = "build"):
+    return load_program(path, entry)
+
+
+def open_session(path: Path, budget_mb: float = 256.0, every: int | None = None, events: list | None = None,
+                 entry: str = "build") -> Session:
+    sink = events.append if events is not None else None
+    session = Session(sink)
+    session.launch(LaunchOptions(str(path), entry=entry, driver="torch:cpu", budget_mb=budget_mb, every=every),
+                   program=program(str(path), entry))
+    return session
+
+
+@pytest.fixture
+def gpt_path() -> Path:
+    return EXAMPLES / "gpt.py"
