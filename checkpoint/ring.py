@@ -21,6 +21,7 @@ class Checkpoint:
     tick: int
     pins: frozenset[VersionKey]
     tier: str = "host"
+    thinned: bool = False  # no longer protects its pins: they spill down the tiers (or are recomputed)
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Ring:
     budget: int  # bytes
     storage_of: Callable[[Any], tuple[Hashable, int]]  # tensor -> (allocation key, allocation bytes)
     tier: str = "host"
+    spill: Callable[[VersionKey, Any], None] | None = None  # where evicted versions go (lower tiers)
     free_storages: set = field(default_factory=set)  # allocations owned by the Program (cost nothing)
     _slots: dict[VersionKey, _Slot] = field(default_factory=dict)
     _refs: dict[Hashable, int] = field(default_factory=dict)  # allocation -> retained versions using it
@@ -103,7 +105,8 @@ class Ring:
     def pinned(self) -> set[VersionKey]:
         out: set[VersionKey] = set()
         for cp in self.checkpoints.values():
-            out |= cp.pins
+            if not cp.thinned:
+                out |= cp.pins
         return out
 
     def _make_room(self, need: int, protect, distance, position: int, incoming: VersionKey) -> bool:
@@ -114,6 +117,8 @@ class Ring:
             candidates = [k for k in self._slots if k not in pinned and not protect(k) and k != incoming]
             if candidates:
                 victim = max(candidates, key=distance)
+                if self.spill is not None:
+                    self.spill(victim, self._slots[victim].tensor)
                 self.drop(victim)
                 self.evictions += 1
                 continue
@@ -122,8 +127,9 @@ class Ring:
         return True
 
     def _thin(self, position: int) -> bool:
-        """Drop the checkpoint whose loss leaves the smallest gap relative to its distance from now."""
-        ticks = sorted(self.checkpoints)
+        """Thin the checkpoint whose loss leaves the smallest gap relative to its distance from now: it
+        stays listed, but its versions may now leave this tier."""
+        ticks = sorted(t for t, cp in self.checkpoints.items() if not cp.thinned)
         if len(ticks) <= 1:
             return False
         best, best_score = None, None
@@ -137,7 +143,7 @@ class Ring:
                 best, best_score = t, score
         if best is None:
             return False
-        del self.checkpoints[best]
+        self.checkpoints[best].thinned = True
         return True
 
     def checkpoint_bytes(self, cp: Checkpoint) -> int:

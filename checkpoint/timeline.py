@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, NewType
+from typing import Any, Callable, Mapping, NewType
 
 from checkpoint.ring import Checkpoint, Ring, VersionKey
 from hardware.driver import Driver, WriteStats
@@ -23,6 +23,12 @@ from provenance.writelog import KIND_BUFFER, KIND_EDIT, KIND_NODE, KIND_VIEW, Wr
 
 Tick = NewType("Tick", int)
 INITIAL = -1  # the version tick of inputs, parameters, constants and initial buffer contents
+
+
+def _edit_dict(edit: "Edit | None") -> dict | None:
+    if edit is None:
+        return None
+    return {"value": edit.value, "offset": edit.offset, "data": edit.data, "description": edit.description}
 
 
 def _keep(into: list, item: Any) -> Any:
@@ -75,6 +81,9 @@ class Timeline:
     budget: int
     every: int | None = None  # checkpoint period in ticks; None: automatic
     on_nondeterminism: Callable[[Nondeterminism], None] | None = None
+    tiers: Any = None  # checkpoint.tiers.HostTier: where the ring spills (host lz4, then disk)
+    recorder: Any = None  # checkpoint.trace.TraceWriter: continuous recording to a trace file
+    archive: Any = None  # a trace opened for reading: versions it holds are loaded, not recomputed
     schedule: list[Step] = field(init=False)
     position: int = field(init=False, default=0)
     frontier: int = field(init=False, default=0)
@@ -82,7 +91,7 @@ class Timeline:
     def __post_init__(self) -> None:
         self.chip = self.driver.describe()
         self.unit_names = [u.name for u in self.chip.units]
-        self.initial: dict[str, Any] = self.driver.load(self.program)
+        self.initial: Mapping[str, Any] = self.driver.load(self.program)
         # Buffers the graph writes live in fixed device memory; their initial contents are kept as the pre-image.
         self.physical: dict[str, Any] = {}
         self.buffer_source: dict[str, str] = {}  # buffer value -> value whose tick writes it
@@ -95,9 +104,10 @@ class Timeline:
         self.node_tick = list(range(len(self.program.nodes)))
         self.versions: dict[str, list[int]] = {name: [INITIAL] for name in self.initial}
         self.log = WriteLog(self.program, self.chip.name)
-        free = {self.driver.storage_key(t) for t in list(self.initial.values()) + list(self.physical.values())}
+        free = {self.driver.storage_key(t) for t in self.physical.values()}
         self.ring = Ring(self.budget, lambda t: (self.driver.storage_key(t), self.driver.storage_nbytes(t)),
-                         tier="device" if "cuda" in self.chip.name else "host", free_storages=free)
+                         tier="device" if "cuda" in self.chip.name else "host", free_storages=free,
+                         spill=self.tiers.put if self.tiers is not None else None)
         self.ring.checkpoints[0] = Checkpoint(0, frozenset(), self.ring.tier)
         if self.every is None:
             self.every = max(1, round(math.sqrt(len(self.program.nodes))))
@@ -199,11 +209,20 @@ class Timeline:
             self._scratch.clear()
 
     def _available(self, key: VersionKey) -> bool:
-        return key[1] == INITIAL or key in self._scratch or key in self.ring
+        if key[1] == INITIAL or key in self._scratch or key in self.ring:
+            return True
+        for source in (self.tiers, self.archive):
+            tensor = source.load(key) if source is not None else None
+            if tensor is not None:
+                self._store(key, tensor)
+                return True
+        return False
 
     def _get(self, key: VersionKey) -> Any:
         if key[1] == INITIAL:
-            return self.initial[key[0]]
+            tensor = self.initial[key[0]]
+            self.ring.free_storages.add(self.driver.storage_key(tensor))  # the Program owns it
+            return tensor
         t = self._scratch.get(key)
         return t if t is not None else self.ring.get(key)
 
@@ -231,6 +250,12 @@ class Timeline:
             return
         node = self.program.nodes[step.node]
         outputs = self._run_node(node, tick, self._get)
+        self._check_digests(node, tick, outputs)
+        for out_name, tensor in zip(node.outputs, outputs):
+            self._store((out_name, tick), tensor)
+
+    def _check_digests(self, node: Node, tick: int, outputs: list[Any]) -> None:
+        """A replayed step must write what the log recorded: a mismatch is non-determinism, reported."""
         recorded = self.log.digests_at(tick)
         for out_name, tensor in zip(node.outputs, outputs):
             expected = recorded.get(out_name)
@@ -240,7 +265,21 @@ class Timeline:
                 self.nondeterminism.append(finding)
                 if self.on_nondeterminism:
                     self.on_nondeterminism(finding)
-            self._store((out_name, tick), tensor)
+
+    def replay_check(self, start: int = 0, stop: int | None = None) -> list[Nondeterminism]:
+        """Re-run the executed node steps in [start, stop) from their recorded inputs, checking every
+        write's digest. Returns the non-determinism found (each also reported as it is found)."""
+        stop = self.frontier if stop is None else min(stop, self.frontier)
+        found = len(self.nondeterminism)
+        for tick in range(max(0, start), stop):
+            node = self.node_at(tick)
+            if node is None:
+                continue
+            try:
+                self._check_digests(node, tick, self._run_node(node, tick, lambda k: self.value_version(*k)))
+            finally:
+                self._scratch.clear()
+        return self.nondeterminism[found:]
 
     def _run_node(self, node: Node, tick: int, lookup: Callable[[VersionKey], Any]) -> list[Any]:
         args, kwargs = node.bind(lambda n: lookup((n, self.version_at(n, tick))))
@@ -276,6 +315,8 @@ class Timeline:
         step = self.schedule[tick]
         unit = self.unit_name(step.unit)
         try:
+            if self.recorder is not None:
+                self.recorder.step(tick, step.unit, step.node, _edit_dict(step.edit))
             if step.edit is not None:
                 edited = self._apply_edit(step.edit, tick)
                 self._record(tick, None, step.edit.value, KIND_EDIT, edited, unit)
@@ -292,8 +333,10 @@ class Timeline:
                     self.driver.copy_into(self.physical[buf], tensor)
                     self._physical_version[buf] = tick
                     self.versions[buf].append(tick)
-                    self.log.append(tick, unit, node.index, buf, KIND_BUFFER,
-                                    self.driver.locate(self.physical[buf], unit), self.driver.inspect(tensor))
+                    row = self.log.append(tick, unit, node.index, buf, KIND_BUFFER,
+                                          self.driver.locate(self.physical[buf], unit), self.driver.inspect(tensor))
+                    if self.recorder is not None:
+                        self.recorder.write(self.log.row(row))
             if (tick + 1) % self.every == 0:
                 self._checkpoint(tick + 1)
         finally:
@@ -301,14 +344,20 @@ class Timeline:
 
     def _record(self, tick: int, node: int | None, name: str, kind: int, tensor: Any, unit: str) -> WriteStats:
         stats = WriteStats.empty() if kind == KIND_VIEW else self.driver.inspect(tensor)
-        self.log.append(tick, unit, node, name, kind, self.driver.locate(tensor, unit), stats)
+        row = self.log.append(tick, unit, node, name, kind, self.driver.locate(tensor, unit), stats)
         self.versions.setdefault(name, []).append(tick)
         self._store((name, tick), tensor)
+        if self.recorder is not None:
+            self.recorder.write(self.log.row(row))
+            if kind != KIND_VIEW:  # a view is recomputed from what it views, without the device
+                self.recorder.version(name, tick, tensor)
         return stats
 
     def _checkpoint(self, tick: int) -> None:
         pins = frozenset(k for n in self.live(tick) if (k := (n, self.version_at(n, tick))) in self.ring)
         self.ring.checkpoints[tick] = Checkpoint(tick, pins, self.ring.tier)
+        if self.recorder is not None:
+            self.recorder.checkpoint(tick, sorted(pins))
 
     # -- edits ---------------------------------------------------------------------------------
     def edit(self, value: str, offset: int, data: bytes, description: str = "") -> int:
@@ -334,6 +383,10 @@ class Timeline:
             return
         self.log.truncate(tick)
         self.ring.drop_after(tick)
+        if self.tiers is not None:
+            self.tiers.drop_after(tick)
+        if self.recorder is not None:
+            self.recorder.truncate(tick)
         for name, ticks in self.versions.items():
             del ticks[bisect.bisect_left(ticks, tick):]
         for buf in self.physical:
@@ -344,5 +397,18 @@ class Timeline:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def checkpoints(self) -> list[CheckpointInfo]:
-        return [CheckpointInfo(cp.tick, self.ring.checkpoint_bytes(cp), cp.tier, len(cp.pins))
+        return [CheckpointInfo(cp.tick, self.ring.checkpoint_bytes(cp), self._tier_of(cp), len(cp.pins))
                 for _, cp in sorted(self.ring.checkpoints.items())]
+
+    def _tier_of(self, cp: Checkpoint) -> str:
+        """The slowest tier holding one of the checkpoint's versions."""
+        order = [self.ring.tier, "host (lz4)", "disk", "trace", "recompute"]
+        worst = 0
+        for key in cp.pins:
+            if key in self.ring:
+                continue
+            tier = self.tiers.tier_of(key) if self.tiers is not None else None
+            if tier is None:
+                tier = "trace" if self.archive is not None and self.archive.has(key) else "recompute"
+            worst = max(worst, order.index(tier))
+        return order[worst]

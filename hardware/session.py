@@ -21,6 +21,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
+from checkpoint import recording
+from checkpoint.tiers import DiskTier, HostTier
 from checkpoint.timeline import Tick, Timeline
 from hardware.breakpoints import (Breakpoint, check_breakpoint_expressions, function_positions, line_positions,
                                   resolve_line)
@@ -73,12 +75,17 @@ class SessionEvent:
 
 @dataclass
 class LaunchOptions:
-    program: str
+    program: str = ""
     entry: str = "build"
     driver: str = "auto"
-    budget_mb: float = 1024.0
+    budget_mb: float = 1024.0  # the device tier of the checkpoint ring
     every: int | None = None
     stop_on_entry: bool = False
+    host_mb: float = 0.0  # host tier (lz4) the ring spills into; 0: none
+    disk_mb: float = 0.0  # disk tier below the host tier; 0: none
+    spill_dir: str | None = None
+    record: str | None = None  # record continuously to this trace file
+    trace: str | None = None  # open this trace instead of running a program
 
 
 @dataclass
@@ -109,18 +116,60 @@ class Session:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def launch(self, options: LaunchOptions, program: Program | None = None) -> None:
-        """Load the user's program (export it unless given) onto the driver; position 0."""
+        """Load the user's program (export it unless given) onto the driver; position 0.
+
+        With `options.trace`, open that trace instead (no device needed); with `options.record`,
+        record every step to a trace file as it runs."""
         from hardware.frontends.torch_export import load_program
 
-        driver = open_driver(options.driver)
-        self.program = program or load_program(options.program, options.entry)
         self.options = options
+        if options.trace:
+            recompute = open_driver(options.driver) if options.driver != "auto" else None
+            self.program, self.timeline, reader = recording.open_trace(options.trace, self._make_timeline, recompute)
+            self.trace_reader = reader
+            for warning in reader.contents.warnings:
+                self.on_event(SessionEvent("output", {"category": "important", "text": warning + "\n"}))
+        else:
+            driver = open_driver(options.driver)
+            self.program = program or load_program(options.program, options.entry)
+            self.timeline = self._make_timeline(self.program, driver, None)
+            if options.record:
+                recording.record(self.timeline, options.record)
         self._assignments: list[Assignment] = assignments(self.program)
-        self.timeline = Timeline(self.program, driver, budget=int(options.budget_mb * 2**20), every=options.every,
-                                 on_nondeterminism=self._report_nondeterminism)
         for bps in self.line_breakpoints.values():
             for bp in bps:
                 self._bind_line(bp)
+
+    def _make_timeline(self, program: Program, driver, archive) -> Timeline:
+        o = self.options
+        tiers = None
+        if o.host_mb > 0 or o.disk_mb > 0:
+            disk = DiskTier(int(o.disk_mb * 2**20), o.spill_dir) if o.disk_mb > 0 else None
+            tiers = HostTier(int(o.host_mb * 2**20), disk)
+        return Timeline(program, driver, budget=int(o.budget_mb * 2**20), every=o.every,
+                        on_nondeterminism=self._report_nondeterminism, tiers=tiers, archive=archive)
+
+    def save_trace(self, path: str) -> dict:
+        """Write the whole recorded run to `path` (values evicted from the ring are recomputed)."""
+        tl = self.tl
+        started = time.monotonic()
+
+        def progress(done: int, total: int) -> None:
+            if time.monotonic() - started > 0.5:
+                self.on_event(SessionEvent("progress", {"message": f"saving tick {done} of {total}",
+                                                        "percentage": 100.0 * done / max(total, 1)}))
+        writer = recording.save(tl, path, progress)
+        return {"path": str(writer.path), "bytes": writer.size, "ticks": tl.frontier, "rawBytes": writer.bytes_raw}
+
+    def close(self) -> None:
+        """End the session: finish a recording (index and footer) and free spill files."""
+        tl = self.timeline
+        if tl is None:
+            return
+        if tl.recorder is not None:
+            tl.recorder.close()
+        if tl.tiers is not None and tl.tiers.below is not None:
+            tl.tiers.below.close()
 
     def _report_nondeterminism(self, finding) -> None:
         self.on_event(SessionEvent("output", {"category": "important", "text": str(finding) + "\n"}))
@@ -148,7 +197,9 @@ class Session:
         return self.run(Direction.FORWARD)
 
     def pause(self) -> None:
-        """Thread-safe: ask a running scan to stop at the next tick."""
+        """Thread-safe: ask the running motion, or the one about to start, to stop at its next tick.
+
+        The request is consumed by the next stop, so a pause that races the start of a motion still stops it."""
         self._pause.set()
 
     # -- moving ----------------------------------------------------------------------------------
@@ -175,8 +226,8 @@ class Session:
 
         def done(q: int) -> Stop | None:
             g = self._frames_at(q) if q < tl.end else ()
-            if kind == "in":
-                return Stop("step", q) if _keys(g) != _keys(frames) else None
+            if kind == "in" or depth == 0:  # depth 0: from a user edit, which is a step of its own
+                return Stop("step", q) if kind != "in" or _keys(g) != _keys(frames) else None
             if not _same_frame(frames, g, depth) or g[depth - 1].loc.line != frames[depth - 1].loc.line:
                 return Stop("step", q)
             return None
@@ -202,12 +253,14 @@ class Session:
         tl = self.tl
         depth = len(frames)
         q = tl.position - 1
-        if tl.position < tl.end:  # skip the earlier nodes of the current line
+        if tl.position < tl.end and depth:  # skip the earlier nodes of the current line (an edit has none)
             while q >= 0 and _in_line(frames, self._frames_at(q), depth):
                 q -= 1
         if q < 0:
             return self._scan(Direction.REVERSE, lambda p: Stop("step", p) if p == 0 else None)
         anchor = self._frames_at(q)
+        if not anchor:  # a user edit has no source line: stepping back undoes just it
+            return self._scan(Direction.REVERSE, lambda p: Stop("step", p) if p == q else None, breakpoints=True)
         level = min(depth, len(anchor)) if tl.position < tl.end else len(anchor)
         while q > 0 and _in_line(anchor, self._frames_at(q - 1), level):
             q -= 1
@@ -235,7 +288,6 @@ class Session:
     def _scan(self, direction: Direction, stop_at: Callable[[int], Stop | None], breakpoints: bool = False) -> Stop:
         """Move position by position until `stop_at` (or a breakpoint, when asked) says stop."""
         tl = self.tl
-        self._pause.clear()
         q = tl.position
         began = time.monotonic()
         step = 1 if direction is Direction.FORWARD else -1
@@ -267,6 +319,7 @@ class Session:
         return stop
 
     def _stopped(self, stop: Stop) -> Stop:
+        self._pause.clear()
         self.last_stop = stop
         self.on_event(SessionEvent("stopped", {"reason": stop.reason, "tick": stop.tick,
                                                "description": stop.description,
@@ -397,7 +450,7 @@ class Session:
                 "function breakpoint" if kinds == {"function"} else "breakpoint")
             return Stop(reason, q, ", ".join(_describe_bp(bp) for bp in hit), [bp.id for bp in hit])
         if self.exception_filters and q > 0:
-            details = self._exception_at(q - 1)
+            details = self.nonfinite_at(q - 1, self.exception_filters)
             if details is not None:
                 return Stop("exception", q, details.description(), exception=details)
         return None
@@ -412,12 +465,12 @@ class Session:
                 return f"<{exc}>"
         return re.sub(r"\{([^{}]+)\}", sub, message)
 
-    def _exception_at(self, tick: int) -> ExceptionDetails | None:
-        """Did step `tick` produce a NaN/Inf (one its inputs did not carry)?"""
+    def nonfinite_at(self, tick: int, filters: Iterable[str] = ("nan", "inf")) -> ExceptionDetails | None:
+        """Did step `tick` produce a NaN/Inf of a kind in `filters` (one its inputs did not carry)?"""
         tl = self.tl
         for rec in tl.log.at_tick(tick):
             for filt, count in (("nan", rec.stats.nan), ("inf", rec.stats.inf)):
-                if filt in self.exception_filters and count and not self._inputs_carry(tick, filt):
+                if filt in filters and count and not self._inputs_carry(tick, filt):
                     return self._exception_details(rec, filt, count)
         return None
 
@@ -471,11 +524,11 @@ class Session:
             out.append(FrameInfo(0, f"{node.name} ({node.op_short})", None, None, node.module_path))
         return out
 
-    def names_at(self, position: int | None = None) -> Mapping[str, Any]:
+    def names_at(self, position: int | None = None, level: int = 0) -> Mapping[str, Any]:
         """Name -> tensor at a position, materialised lazily (for expressions): the source variables of the
         frames on the stack first (`scores`, `x`), then every value by its Program name (`div_1`)."""
         pos = self.tl.position if position is None else position
-        return _LazyValues(self.tl, pos, self.source_names(pos))
+        return _LazyValues(self.tl, pos, self.source_names(pos, level))
 
     def source_names(self, position: int | None = None, level: int = 0) -> dict[str, str]:
         """Source variable -> value name in one frame on the stack (0 = innermost), as Python scopes them:
@@ -520,9 +573,34 @@ class Session:
     def live_values(self) -> list[str]:
         return self.tl.live()
 
+    def units(self) -> list[str]:
+        """The execution units of the chip, by name (unit i is the i-th)."""
+        return list(self.tl.unit_names)
+
+    def line_positions(self, file: str, line: int) -> tuple[int, list[int]]:
+        """(the line a breakpoint at file:line binds to, the positions where that line's execution begins)."""
+        path = str(Path(file).resolve())
+        bound, why = resolve_line(self.program, path, line)
+        if bound is None:
+            raise RewindError(why)
+        tl = self.tl
+        return bound, line_positions(self.program, tl.node_at, tl.end, path, bound)
+
+    def tensor_stats(self, tensor: Any) -> dict:
+        """min/max/mean and NaN/Inf counts of any tensor (an expression's result), computed by the driver."""
+        s = self.tl.driver.inspect(tensor)
+        return {"min": s.min, "max": s.max, "mean": s.mean, "nan": s.nan, "inf": s.inf}
+
     def locate(self, name: str) -> Placement:
+        """Where a value lives now; for a trace, where it lived when the recorded run wrote it."""
         self._require_value(name)
         tl = self.tl
+        recorded = getattr(tl.driver, "recorded_location", None)
+        if recorded is not None:
+            rec = tl.log.last_writer(value=name, before=tl.position)
+            loc = rec.location if rec is not None else recorded(name)
+            if loc is not None:
+                return Placement(name, (loc,))
         tensor = tl.physical.get(name) if name in tl.physical else tl.value(name)
         return Placement(name, (tl.driver.locate(tensor),))
 
@@ -543,8 +621,9 @@ class Session:
     def who_wrote(self, address: int) -> WriteRecord | None:
         return self.tl.log.last_writer(address=address, before=self.tl.position)
 
-    def evaluate(self, expression: str) -> Any:
-        return evaluate(expression, self.names_at())
+    def evaluate(self, expression: str, level: int = 0) -> Any:
+        """A safe expression over the values at the position; source variables as stack frame `level` sees them."""
+        return evaluate(expression, self.names_at(level=level))
 
     # -- edits ---------------------------------------------------------------------------------------
     def write_memory(self, name: str, offset: int, data: bytes) -> int:

@@ -99,6 +99,19 @@ class WriteLog:
         self._n += 1
         return i
 
+    def row(self, i: int) -> list:
+        """Record i as a plain list (for trace files); `append_row` takes it back."""
+        c = {name: col[i].item() for name, col in self._cols.items()}
+        return [c["tick"], self._units.items[c["unit"]], c["node"], self._values.items[c["value"]], c["kind"],
+                self._spaces.items[c["space"]], c["address"], c["nbytes"], c["digest"], c["nan"], c["inf"],
+                c["min"], c["max"], c["mean"]]
+
+    def append_row(self, row: list) -> int:
+        tick, unit, node, value, kind, space, address, nbytes, digest, nan, inf, lo, hi, mean = row
+        return self.append(int(tick), str(unit), None if node < 0 else int(node), str(value), int(kind),
+                           Location(self.chip, str(unit), str(space), int(address), int(nbytes)),
+                           WriteStats(int(digest), int(nan), int(inf), float(lo), float(hi), float(mean)))
+
     def truncate(self, tick: int) -> None:
         """Forget every record at or after `tick` (the future of a rewritten history)."""
         keep = int(np.searchsorted(self._col("tick"), tick, side="left"))

@@ -1,0 +1,212 @@
+"""Traces: save a run, open it with no device, get the same answers; damaged files fail clearly."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from checkpoint.trace import TraceError, TraceReader
+from hardware.errors import RewindError
+from hardware.session import Direction, LaunchOptions, Session
+from tests.conftest import EXAMPLES, MODELS, ROOT, open_session
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    live = open_session(EXAMPLES / "gpt.py", budget_mb=0.05)
+    live.run()
+    path = tmp_path_factory.mktemp("trace") / "gpt.rwtrace"
+    info = live.save_trace(str(path))
+    return live, path, info
+
+
+def open_trace(path, **kw) -> Session:
+    session = Session()
+    session.launch(LaunchOptions(trace=str(path), budget_mb=kw.pop("budget_mb", 0.05), **kw))
+    return session
+
+
+def test_opened_trace_answers_like_the_live_session(saved):
+    live, path, info = saved
+    assert info["ticks"] == live.end and info["bytes"] > 0
+    trace = open_trace(path)
+    assert trace.end == live.end and trace.tl.frontier == live.end
+    for tick in (0, 7, 23, live.end // 2, live.end):
+        trace.goto(tick)
+        live.goto(tick)
+        assert sorted(trace.live_values()) == sorted(live.live_values())
+        for name in trace.live_values():
+            assert torch.equal(trace.tensor(name), live.tensor(name)), (tick, name)
+            assert trace.value_stats(name) == live.value_stats(name)
+        if tick < live.end:
+            assert trace.frames() == live.frames()
+
+
+def test_breakpoints_and_reverse_execution_work_from_the_trace(saved):
+    live, path, _ = saved
+    trace = open_trace(path)
+    file = str(EXAMPLES / "gpt.py")
+    trace.set_line_breakpoints(file, [{"line": 28, "condition": "scores.max() > 0"}])
+    live.set_line_breakpoints(file, [{"line": 28, "condition": "scores.max() > 0"}])
+    live.goto(0)
+    assert trace.start().tick == live.start().tick
+    assert trace.run().tick == live.run().tick
+    assert trace.run(Direction.REVERSE).tick == live.run(Direction.REVERSE).tick
+    trace.step(Direction.REVERSE, "statement")
+    live.step(Direction.REVERSE, "statement")
+    assert trace.position == live.position
+
+
+def test_provenance_and_locations_come_from_the_recording(saved):
+    live, path, _ = saved
+    trace = open_trace(path)
+    trace.goto(trace.end)
+    live.goto(live.end)
+    assert trace.provenance("softmax_1") == live.provenance("softmax_1")
+    recorded = live.tl.log.last_writer(value="softmax_1").location
+    assert trace.locate("softmax_1").shards[0].address == recorded.address
+    assert trace.locate("p_head_weight").shards[0].address == live.locate("p_head_weight").shards[0].address
+
+
+def test_a_value_missing_from_the_trace_says_a_driver_is_needed(tmp_path):
+    live = open_session(EXAMPLES / "mlp.py")
+    live.run()
+    path = tmp_path / "mlp.rwtrace"
+    live.save_trace(str(path))
+    from checkpoint.recording import open_trace as rebuild
+    session = Session()
+    session.options = LaunchOptions(budget_mb=1)
+    _, tl, _ = rebuild(str(path), session._make_timeline)
+    tl.archive.reader.contents.versions.clear()  # as if the trace held no computed value
+    tl.seek(tl.end)
+    with pytest.raises(RewindError, match="needs the device that recorded it"):
+        tl.value("relu")
+    session = Session()
+    session.launch(LaunchOptions(trace=str(path), driver="torch:cpu", budget_mb=1))
+    session.tl.archive.reader.contents.versions.clear()
+    session.goto(session.end)
+    assert torch.equal(session.tensor("linear_2"), live.tensor("linear_2"))
+
+
+def test_continuous_recording_survives_a_killed_server(tmp_path):
+    path = tmp_path / "killed.rwtrace"
+    script = (
+        "import sys, time; sys.path.insert(0, {root!r})\n"
+        "from hardware.session import Session, LaunchOptions, Direction\n"
+        "s = Session(); s.launch(LaunchOptions({model!r}, driver='torch:cpu', record={path!r}))\n"
+        "print('ready', flush=True)\n"
+        "while True:\n"
+        "    s.step(Direction.FORWARD, 'statement'); time.sleep(0.02)\n"
+    ).format(root=str(ROOT), model=str(MODELS / "slow_mlp.py"), path=str(path))
+    proc = subprocess.Popen([sys.executable, "-W", "ignore", "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    events = []
+    session = Session(events.append)
+    session.launch(LaunchOptions(trace=str(path), budget_mb=1))
+    ran = session.tl.frontier
+    assert 0 < ran < session.end
+    warnings = [e.body["text"] for e in events if e.kind == "output"]
+    assert any("did not finish" in w or "interrupted" in w for w in warnings)
+    session.goto(ran)
+    live = open_session(MODELS / "slow_mlp.py")
+    live.goto(ran)
+    for name in session.live_values():
+        assert torch.equal(session.tensor(name), live.tensor(name))
+    with pytest.raises(RewindError, match="needs the device"):
+        session.step(Direction.FORWARD, "statement")
+        session.tensor(session.tl.node_at(ran).outputs[0])
+
+
+def corrupt(path: Path, tmp_path: Path, edit) -> Path:
+    data = bytearray(path.read_bytes())
+    out = tmp_path / "bad.rwtrace"
+    out.write_bytes(bytes(edit(data)))
+    return out
+
+
+def test_not_a_trace_wrong_version_bit_flip_and_truncation_name_the_problem(saved, tmp_path):
+    _, path, _ = saved
+    with pytest.raises(TraceError, match="not a Rewind trace"):
+        TraceReader(corrupt(path, tmp_path, lambda d: b"hello world, not a trace at all"))
+    with pytest.raises(TraceError, match="trace file not found"):
+        TraceReader(tmp_path / "missing.rwtrace")
+
+    def version_99(d):
+        d[8:12] = (99).to_bytes(4, "little")
+        return d
+    with pytest.raises(TraceError, match="format version 99"):
+        TraceReader(corrupt(path, tmp_path, version_99))
+
+    def flip(d):
+        d[200] ^= 0x10
+        return d
+    with pytest.raises(TraceError, match=r"offset \d+"):
+        TraceReader(corrupt(path, tmp_path, flip))
+    cut = TraceReader(corrupt(path, tmp_path, lambda d: d[: len(d) // 2]))
+    assert any("incomplete frame at offset" in w for w in cut.contents.warnings)
+    with pytest.raises(TraceError, match="no program frame"):
+        TraceReader(corrupt(path, tmp_path, lambda d: d[:16]))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_reader_never_crashes_or_hangs_on_damaged_files(saved, tmp_path, data):
+    _, path, _ = saved
+    original = path.read_bytes()
+    damaged = bytearray(original)
+    for _ in range(data.draw(st.integers(1, 8))):
+        kind = data.draw(st.sampled_from(["flip", "cut", "splice"]))
+        if kind == "flip" and damaged:
+            at = data.draw(st.integers(0, len(damaged) - 1))
+            damaged[at] ^= 1 << data.draw(st.integers(0, 7))
+        elif kind == "cut":
+            damaged = damaged[: data.draw(st.integers(0, len(damaged)))]
+        else:
+            at = data.draw(st.integers(0, len(damaged)))
+            damaged[at:at] = data.draw(st.binary(max_size=64))
+    bad = tmp_path / "fuzz.rwtrace"
+    bad.write_bytes(bytes(damaged))
+    try:
+        reader = TraceReader(bad)
+    except TraceError:
+        return
+    for offset in list(reader.contents.versions.values())[:5]:
+        try:
+            reader.tensor_at(offset)
+        except TraceError:
+            pass
+
+
+def test_ring_spills_to_host_and_disk_tiers_within_their_budgets(tmp_path):
+    full = open_session(MODELS / "deep_gpt.py", budget_mb=64)
+    full.run()
+    total = full.tl.ring.used
+    session = Session()
+    session.launch(LaunchOptions(str(MODELS / "deep_gpt.py"), driver="torch:cpu", budget_mb=total / 8 / 2**20,
+                                 every=3, host_mb=total / 6 / 2**20, disk_mb=total / 2**20, spill_dir=str(tmp_path)))
+    tl = session.tl
+    session.run()
+    tiers = tl.tiers
+    assert tl.ring.peak <= tl.ring.budget
+    assert 0 < tiers.used <= tiers.budget and 0 < tiers.below.used <= tiers.below.budget
+    labels = {c["tier"] for c in session.checkpoints()}
+    assert {"host (lz4)", "disk"} & labels
+    for tick in (5, 1, tl.end // 2):
+        session.goto(tick)
+        full.goto(tick)
+        for name in session.live_values():
+            assert torch.equal(session.tensor(name), full.tensor(name))
+    assert tl.nondeterminism == []
+    session.close()
+    assert not os.path.exists(tiers.below.path)
