@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,9 +67,11 @@ class TraceWriter:
         self._f.write(HEADER.pack(MAGIC, VERSION, 0))
         self._index: list[list] = []
         self.bytes_raw = 0  # uncompressed tensor bytes written
+        self.seconds = 0.0  # time spent encoding and writing frames
         self.closed = False
 
     def _frame(self, kind: int, payload: Any, key: list | None = None) -> None:
+        started = time.perf_counter()
         body = _pack(payload)
         offset = self._f.tell()
         crc = zlib.crc32(bytes([kind]) + body)
@@ -76,6 +79,7 @@ class TraceWriter:
         self._f.write(body)
         self._f.flush()
         self._index.append([kind, offset] + (key or []))
+        self.seconds += time.perf_counter() - started
 
     def meta(self, **fields: Any) -> None:
         self._frame(META, fields)
@@ -84,7 +88,9 @@ class TraceWriter:
         self._frame(PROGRAM, encoded)
 
     def initial(self, name: str, tensor: Any) -> None:
+        started = time.perf_counter()
         enc = encode_tensor(tensor)
+        self.seconds += time.perf_counter() - started
         self.bytes_raw += enc["nbytes"]
         self._frame(INITIAL, {"name": name, "tensor": enc}, [name])
 
@@ -95,7 +101,9 @@ class TraceWriter:
         self._frame(WRITE, row)
 
     def version(self, name: str, tick: int, tensor: Any) -> None:
+        started = time.perf_counter()
         enc = encode_tensor(tensor)
+        self.seconds += time.perf_counter() - started
         self.bytes_raw += enc["nbytes"]
         self._frame(VERSION_FRAME, {"name": name, "tick": tick, "tensor": enc}, [name, tick])
 
