@@ -35,3 +35,8 @@ def open_session(path: Path, budget_mb: float = 256.0, every: int | None = None,
 @pytest.fixture
 def gpt_path() -> Path:
     return EXAMPLES / "gpt.py"
+
+
+def line_of(path: Path, text: str) -> int:
+    """The 1-based number of the first line of `path` that contains `text`."""
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)

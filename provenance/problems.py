@@ -1,0 +1,128 @@
+"""Problems: every finding of a run, each as an editor shows it — the node (and so the source lines),
+how severe, and one message naming the node, the values and the failure pattern.
+
+A collector reads a Session and returns Problems; `collect` runs them all. The numerical ones
+come from provenance/forensics.py (first NaN/Inf, first divergence from the reference), the
+non-determinism from a replay of the recorded run. A new kind (race, hang) is one more
+collector in COLLECTORS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+
+from hardware.program import Frame, Node
+from hardware.session import Session
+from provenance.forensics import Finding
+
+
+@dataclass(frozen=True)
+class Problem:
+    kind: str  # "nan", "inf", "divergence", "nondeterminism" (later "race", "hang")
+    severity: str  # "error", "warning", "information"
+    message: str
+    tick: int
+    node: str
+    frames: tuple[Frame, ...]  # the user frames that made the node, outermost first
+
+
+Collector = Callable[[Session], Iterable[Problem]]
+
+
+def first_nonfinite(session: Session) -> Iterable[Problem]:
+    """The first step that wrote NaN (or an Inf nobody wrote on purpose) from inputs that carried none."""
+    found = session.forensics.first_nonfinite()
+    if found is None:
+        return []
+    d = found.details
+    what = "NaN" if d.filter == "nan" else "Inf"
+    where = f", first at {list(d.first_index)} ({_operands_at(session, found)})" if d.first_index is not None else ""
+    return [Problem(d.filter, "error", f"first {what}: {_wrote(session, found)} {d.count} {what}{where}"
+                    f"{_pattern(found)}", found.tick, found.node.name, found.node.frames)]
+
+
+def first_divergence(session: Session) -> Iterable[Problem]:
+    """The first step where this run leaves its reference by more than the tolerance of its dtype."""
+    found = session.forensics.first_divergence()
+    if found is None:
+        return []
+    seen, made = found.observed, found.introduced
+    own = (f"it introduced the error itself ({made.error:.3g}× tolerance when rerun on the reference's inputs)"
+           if made is not None and not made.within else "the error accumulated to cross the tolerance here")
+    outputs = f"; at the outputs it is {_number(found.growth[-1]['error'])}× tolerance" if found.growth else ""
+    message = (f"first divergence from the reference ({session.forensics.spec}): {_wrote(session, found)} "
+               f"{seen.mismatches} of {seen.numel} elements beyond tolerance, worst {seen.error:.3g}× tolerance "
+               f"(max |error| {seen.max_abs:.3g}, first at {list(seen.first_mismatch or ())}); {own}{outputs}"
+               f"{_pattern(found)}")
+    return [Problem("divergence", "error", message, found.tick, found.node.name, found.node.frames)]
+
+
+def nondeterminism(session: Session) -> Iterable[Problem]:
+    """Steps whose replay from the recorded inputs wrote different bytes than the recorded run.
+
+    Checked on live runs only: a trace replays on whatever driver opened it, which may round differently."""
+    if session.options.trace:
+        return
+    session.tl.replay_check()
+    for found in session.tl.nondeterminism:
+        node = next(n for n in session.program.nodes if n.name == found.node)
+        yield Problem("nondeterminism", "warning",
+                      f"non-determinism: replaying {node.op_short} '{node.name}' (tick {found.tick}) wrote a "
+                      f"different '{found.value}' (digest {found.got & 0xFFFFFFFFFFFFFFFF:016x}, recorded "
+                      f"{found.expected & 0xFFFFFFFFFFFFFFFF:016x}): the op is not deterministic "
+                      "(random numbers, atomics or a race)", found.tick, node.name, node.frames)
+
+
+# Most specific first: a node gets the first problem found at it (a NaN is also a divergence; a
+# non-deterministic op also leaves its reference).
+COLLECTORS: list[Collector] = [first_nonfinite, nondeterminism, first_divergence]
+
+
+def collect(session: Session, collectors: Iterable[Collector] = COLLECTORS) -> list[Problem]:
+    """Every problem of the session's run (recorded to the end first), one per node, in tick order."""
+    session.forensics.record_to_end()
+    found: dict[int, Problem] = {}
+    for collector in collectors:
+        for problem in collector(session):
+            found.setdefault(problem.tick, problem)
+    return sorted(found.values(), key=lambda p: p.tick)
+
+
+def _wrote(session: Session, found: Finding) -> str:
+    info = session.program.values[found.details.value]
+    return (f"{found.node.op} '{found.node.name}' wrote '{found.details.value}' ({info.dtype}{list(info.shape)}) "
+            f"at tick {found.tick} with")
+
+
+def _pattern(found: Finding) -> str:
+    if found.match is None:
+        return ""
+    m = found.match
+    return f"; {m.pattern.title}: {m.reason}. Fix: {m.pattern.fix}"
+
+
+def _operands_at(session: Session, found: Finding) -> str:
+    """Each operand's element at the first bad index (by its source name where it has one), for an
+    elementwise op; else each operand's range."""
+    node, details = found.node, found.details
+    if torch.Tag.pointwise not in getattr(node.target, "tags", ()):
+        return ", ".join(f"{n} in [{s['min']:.6g}, {s['max']:.6g}]" for n, s in details.inputs.items())
+    shape = session.program.values[details.value].shape
+    source = {value: name for name, value in session.source_names(found.tick).items()}
+    return ", ".join(f"{_label(n, source)} = {_element(session.tensor(n, found.tick), shape, details.first_index):.6g}"
+                     for n in node.input_names())
+
+
+def _label(value: str, source: dict[str, str]) -> str:
+    return f"{source[value]} ({value})" if value in source else value
+
+
+def _number(x: float | str) -> str:
+    return f"{x:.3g}" if isinstance(x, float) else x  # JSON spells infinities "inf"
+
+
+def _element(tensor: torch.Tensor, shape: tuple[int, ...], index: tuple[int, ...]) -> float:
+    return float(torch.broadcast_to(tensor, shape)[index])
