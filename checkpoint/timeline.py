@@ -13,8 +13,9 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, NewType
+from typing import Any, Callable, Iterable, Mapping, NewType
 
+from checkpoint.branch import ArchiveBefore, Branch, Patch
 from checkpoint.ring import Checkpoint, Ring, VersionKey
 from hardware.driver import Driver, WriteStats
 from hardware.errors import RewindError
@@ -113,6 +114,8 @@ class Timeline:
             self.every = max(1, round(math.sqrt(len(self.program.nodes))))
         self.nondeterminism: list[Nondeterminism] = []
         self._scratch: dict[VersionKey, Any] = {}
+        self.patches: dict[int, Patch] = {}  # node index -> how this branch runs it instead
+        self._branches: list[Branch] = []
 
     # -- time --------------------------------------------------------------------------
     @property
@@ -282,8 +285,18 @@ class Timeline:
         return self.nondeterminism[found:]
 
     def _run_node(self, node: Node, tick: int, lookup: Callable[[VersionKey], Any]) -> list[Any]:
-        args, kwargs = node.bind(lambda n: lookup((n, self.version_at(n, tick))))
+        return self.run_node(node, lambda n: lookup((n, self.version_at(n, tick))))
+
+    def run_node(self, node: Node, value_of: Callable[[str], Any]) -> list[Any]:
+        """Run one node on the driver with the inputs `value_of` gives, as this branch runs it."""
+        patch = self.patches.get(node.index)
+        if self.patches and patch is None:  # a patched producer may have written another dtype
+            given = value_of
+            value_of = lambda n: self.driver.cast(given(n), self.program.values[n].dtype)  # noqa: E731
+        args, kwargs = node.bind(value_of)
         try:
+            if patch is not None:
+                return patch.run(self.driver, node, args, kwargs)
             return self.driver.execute(node, args, kwargs)
         except Exception as exc:
             raise RewindError(f"{node.describe()} failed on {self.driver.name}: {type(exc).__name__}: {exc}") from exc
@@ -376,6 +389,45 @@ class Timeline:
         self.seek(tick)
         self._truncate(tick)
         self.seek(self.end)
+
+    # -- branches ----------------------------------------------------------------------------------
+    def branch(self, patches: Iterable[Patch]) -> Branch:
+        """Set the recorded future aside from the first patched node's step and install `patches`:
+        seeking forward from there executes the branch. `unbranch` brings the recorded future back."""
+        patches = list(patches)
+        if not patches:
+            raise RewindError("a branch needs at least one patch")
+        for patch in patches:
+            if not 0 <= patch.node < len(self.program.nodes):
+                raise RewindError(f"no node {patch.node} to patch (the program has {len(self.program.nodes)})")
+        origin = self.position
+        tick = min(self.node_tick[p.node] for p in patches)
+        self.seek(tick)
+        saved = Branch(tick, origin, self.frontier, dict(self.patches), self.log.tail(tick),
+                       {n: ticks[bisect.bisect_left(ticks, tick):] for n, ticks in self.versions.items()},
+                       list(self.schedule), list(self.node_tick), self.recorder, self.archive)
+        self.recorder = None
+        if self.archive is not None:
+            self.archive = ArchiveBefore(self.archive, tick)
+        self._truncate(tick)
+        self.patches.update({p.node: p for p in patches})
+        self._branches.append(saved)
+        return saved
+
+    def unbranch(self, branch: Branch) -> None:
+        """Drop the branch's future and bring back the one it set aside; return to where it began."""
+        if not self._branches or self._branches[-1] is not branch:
+            raise RewindError("branches are undone innermost first, and each once")
+        self._branches.pop()
+        self.position = min(self.position, branch.tick)
+        self._truncate(branch.tick)
+        self.patches, self.schedule, self.node_tick = branch.patches, branch.schedule, branch.node_tick
+        self.log.extend(branch.log)
+        for name, ticks in branch.versions.items():
+            self.versions[name].extend(ticks)
+        self.frontier = branch.frontier
+        self.recorder, self.archive = branch.recorder, branch.archive
+        self.seek(branch.position)
 
     def _truncate(self, tick: int) -> None:
         """Forget everything recorded at or after `tick`: the future is about to change."""

@@ -99,6 +99,24 @@ class Driver(ABC):
     def clone(self, tensor: Any) -> Any:
         """A private copy (a pre-image) of a device tensor."""
 
+    # -- precision: the reference pass and precision patches run nodes wider than the Program says --
+    def execute_at(self, node: Node, args: tuple, kwargs: dict, dtype: str) -> list[Any]:
+        """Run one node with its floating-point arithmetic in `dtype`: floating inputs and dtype
+        arguments are widened to it (casts to a lower precision become no-ops) and so are its outputs."""
+        raise DriverError(f"driver {self.name} cannot run a node at another precision")
+
+    def cast(self, tensor: Any, dtype: str) -> Any:
+        """`tensor` converted to `dtype` on the device (the tensor itself when it already has it)."""
+        raise DriverError(f"driver {self.name} cannot convert a value to {dtype}")
+
+    def to_host(self, tensor: Any) -> Any:
+        """The elements of a device tensor as a CPU torch.Tensor (for comparing passes)."""
+        raise DriverError(f"driver {self.name} cannot copy values to the host")
+
+    def from_host(self, tensor: Any) -> Any:
+        """A new device tensor holding the elements of a CPU torch.Tensor."""
+        raise DriverError(f"driver {self.name} cannot copy values from the host")
+
     def nbytes(self, tensor: Any) -> int:
         return tensor.numel() * tensor.element_size()
 
@@ -111,7 +129,8 @@ class Driver(ABC):
 
 
 def open_driver(spec: str) -> Driver:
-    """`auto`, `torch:cpu`, `torch:cuda`, `torch:cuda:N` (and the drivers of later chips)."""
+    """`auto`, `torch:cpu`, `torch:cuda`, `torch:cuda:N` (and the drivers of later chips); a torch spec may end
+    in a compute precision, `torch:cpu:float64`: every floating op then runs in it (the reference pass)."""
     kind, _, rest = spec.partition(":")
     if spec == "auto" or kind == "torch":
         from hardware.drivers.torch import TorchDriver

@@ -43,19 +43,23 @@ class Direction(Enum):
 
 @dataclass
 class ExceptionDetails:
-    filter: str  # "nan", "inf"
+    filter: str  # "nan", "inf", "divergence"
     node: str
     op: str
     source: str | None
     value: str
-    count: int
+    count: int  # bad elements: NaN, Inf, or (divergence) elements beyond tolerance of the reference
     first_index: tuple[int, ...] | None
     inputs: dict[str, dict]  # input name -> stats
+    evidence: dict = field(default_factory=dict)  # forensics: failure pattern, errors against the reference
 
     def description(self) -> str:
+        where = f" at {self.source}" if self.source else ""
+        if self.filter == "divergence":
+            return (f"'{self.value}' diverges from the reference at {self.count} element(s): "
+                    f"{self.op} ('{self.node}'){where} introduced the error")
         what = "NaN" if self.filter == "nan" else "Inf"
-        return f"{self.count} {what} written to '{self.value}' by {self.op} ('{self.node}')" + (
-            f" at {self.source}" if self.source else "")
+        return f"{self.count} {what} written to '{self.value}' by {self.op} ('{self.node}')" + where
 
 
 @dataclass
@@ -86,6 +90,9 @@ class LaunchOptions:
     spill_dir: str | None = None
     record: str | None = None  # record continuously to this trace file
     trace: str | None = None  # open this trace instead of running a program
+    reference: str | None = None  # forensics: torch:cpu:float64 (the default), a trace, or saved values
+    rtol: float | None = None  # tolerances against the reference; None: the dtype's default
+    atol: float | None = None
 
 
 @dataclass
@@ -113,6 +120,7 @@ class Session:
         self._next_bp_id = 1
         self._pause = threading.Event()
         self._positions_cache: dict[int, tuple] = {}
+        self._forensics = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     def launch(self, options: LaunchOptions, program: Program | None = None) -> None:
@@ -377,9 +385,12 @@ class Session:
         return result
 
     def set_exception_filters(self, filters: Iterable[str]) -> None:
-        unknown = set(filters) - {"nan", "inf"}
+        """nan, inf: stop after the step that wrote a NaN / Inf its inputs did not carry; divergence: stop
+        after the step where the pass first leaves its reference (see provenance/forensics.py)."""
+        unknown = set(filters) - {"nan", "inf", "divergence"}
         if unknown:
-            raise RewindError(f"unknown exception filter(s): {', '.join(sorted(unknown))} (known: nan, inf)")
+            raise RewindError(f"unknown exception filter(s): {', '.join(sorted(unknown))} "
+                              "(known: nan, inf, divergence)")
         self.exception_filters = set(filters)
 
     def _validate(self, bp: Breakpoint) -> None:
@@ -450,10 +461,31 @@ class Session:
                 "function breakpoint" if kinds == {"function"} else "breakpoint")
             return Stop(reason, q, ", ".join(_describe_bp(bp) for bp in hit), [bp.id for bp in hit])
         if self.exception_filters and q > 0:
-            details = self.nonfinite_at(q - 1, self.exception_filters)
+            details = self._exception_at(q - 1)
             if details is not None:
                 return Stop("exception", q, details.description(), exception=details)
         return None
+
+    def _exception_at(self, tick: int) -> ExceptionDetails | None:
+        details = self.nonfinite_at(tick, self.exception_filters)
+        if details is not None:
+            details.evidence = self.forensics.explain(details, tick)
+            return details
+        if "divergence" in self.exception_filters:
+            found = self.forensics.divergence_at(tick)
+            if found is not None:
+                found.details.evidence = found.to_dict()
+                return found.details
+        return None
+
+    @property
+    def forensics(self):
+        """Numerical forensics of this pass against its reference (provenance/forensics.py)."""
+        from provenance.forensics import Forensics
+
+        if self._forensics is None or self._forensics.timeline is not self.tl:
+            self._forensics = Forensics(self)
+        return self._forensics
 
     def _interpolate(self, message: str, q: int) -> str:
         import re

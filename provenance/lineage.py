@@ -48,3 +48,14 @@ def lineage(program: Program, value: str, max_nodes: int | None = None) -> Linea
                     nxt.append(inp)
         frontier = nxt
     return result
+
+
+def descendants(program: Program, node: int) -> list[int]:
+    """Indices of the nodes that read, directly or not, what node `node` wrote; in execution order."""
+    reached = set(program.nodes[node].outputs)
+    found = []
+    for later in program.nodes[node + 1:]:
+        if any(name in reached for name in later.input_names()):
+            found.append(later.index)
+            reached.update(later.outputs)
+    return found

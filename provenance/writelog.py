@@ -84,9 +84,7 @@ class WriteLog:
 
     def append(self, tick: int, unit: str, node: int | None, value: str, kind: int,
                location: Location, stats: WriteStats) -> int:
-        if self._n == len(self._cols["tick"]):
-            for name, col in self._cols.items():
-                self._cols[name] = np.concatenate([col, np.zeros_like(col)])
+        self._reserve(1)
         i = self._n
         row = {
             "tick": tick, "unit": self._units.id(unit), "node": -1 if node is None else node,
@@ -114,8 +112,28 @@ class WriteLog:
 
     def truncate(self, tick: int) -> None:
         """Forget every record at or after `tick` (the future of a rewritten history)."""
-        keep = int(np.searchsorted(self._col("tick"), tick, side="left"))
-        self._n = keep
+        self._n = self._first_at(tick)
+
+    def tail(self, tick: int) -> dict[str, np.ndarray]:
+        """A copy of the records at or after `tick` (a branch sets its original future aside)."""
+        keep = self._first_at(tick)
+        return {name: col[keep: self._n].copy() for name, col in self._cols.items()}
+
+    def _first_at(self, tick: int) -> int:
+        return int(np.searchsorted(self._col("tick"), tick, side="left"))
+
+    def extend(self, tail: dict[str, np.ndarray]) -> None:
+        """Append records taken by `tail` (the log must end before their first tick)."""
+        count = len(tail["tick"])
+        self._reserve(count)
+        for name, col in self._cols.items():
+            col[self._n: self._n + count] = tail[name]
+        self._n += count
+
+    def _reserve(self, count: int) -> None:
+        while self._n + count > len(self._cols["tick"]):
+            for name, col in self._cols.items():
+                self._cols[name] = np.concatenate([col, np.zeros_like(col)])
 
     def _col(self, name: str) -> np.ndarray:
         return self._cols[name][: self._n]

@@ -33,18 +33,31 @@ def _keep_freed_memory() -> None:
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 
+# Precisions a whole pass may be computed in (`torch:cpu:float64`): the reference pass.
+_COMPUTE_DTYPES = {"float64": torch.float64, "float32": torch.float32}
+# A bitcast reinterprets bytes, so it cannot run at another element width.
+_WIDTH_BOUND_OPS = ("aten.view.dtype",)
+
+
 class TorchDriver(Driver):
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, compute: torch.dtype | None = None):
         if device.type == "cpu" and sys.platform.startswith("linux"):
             _keep_freed_memory()
         self.device = device
-        self.name = f"torch:{device}"
+        self.compute = compute  # every floating op runs in this dtype (None: as the Program says)
+        self.name = f"torch:{device}" + (f":{_dtype_name(compute)}" if compute is not None else "")
         self._segments: list[dict] | None = None
 
     @classmethod
     def from_spec(cls, spec: str) -> "TorchDriver":
         if spec == "auto":
             return cls(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+        device, _, last = spec.removeprefix("torch:").rpartition(":")
+        if last in _COMPUTE_DTYPES:
+            return cls(cls.from_spec(f"torch:{device}").device, _COMPUTE_DTYPES[last])
+        if last.startswith(("float", "bfloat", "half", "double")):
+            raise DriverError(f"driver '{spec}': a pass can be computed in {' or '.join(_COMPUTE_DTYPES)}, "
+                              f"not '{last}'")
         device = spec.removeprefix("torch:")
         try:
             dev = torch.device(device)
@@ -76,15 +89,43 @@ class TorchDriver(Driver):
         bad = sorted({n.op for n in program.nodes if not callable(n.target)})
         if bad:
             raise UnsupportedOpError(f"the torch driver cannot run: {', '.join(bad)}")
+        if self.compute is not None:
+            bound = sorted({n.op for n in program.nodes if n.op.startswith(_WIDTH_BOUND_OPS)})
+            if bound:
+                raise UnsupportedOpError(f"{self.name} cannot run {', '.join(bound)} in {_dtype_name(self.compute)}: "
+                                         "a bitcast depends on the element width")
+            return {name: _widen(t.to(self.device), self.compute).clone() for name, t in program.initial.items()}
         return {name: t.to(self.device).clone() for name, t in program.initial.items()}
 
     def execute(self, node: Node, args: tuple, kwargs: dict) -> list[Any]:
+        if self.compute is not None:
+            return self._run_widened(node, args, kwargs, self.compute)
         with torch.no_grad():
-            result = node.target(*args, **kwargs)
-        if isinstance(result, torch.Tensor):
-            return [result]
-        # Multi-output ops: keep only the outputs the Program names (getitem users).
-        return [result[i] for i in node.output_indices]
+            return _outputs(node, node.target(*args, **kwargs))
+
+    # -- precision -----------------------------------------------------------------------------
+    def execute_at(self, node: Node, args: tuple, kwargs: dict, dtype: str) -> list[Any]:
+        target = getattr(torch, dtype, None)
+        if not isinstance(target, torch.dtype) or not target.is_floating_point:
+            raise DriverError(f"'{dtype}' is not a floating-point dtype (float64, float32, float16, bfloat16)")
+        if node.op.startswith(_WIDTH_BOUND_OPS):
+            raise DriverError(f"{node.describe()} is a bitcast: it cannot run at another precision")
+        return self._run_widened(node, args, kwargs, target)
+
+    def _run_widened(self, node: Node, args: tuple, kwargs: dict, dtype: torch.dtype) -> list[Any]:
+        args, kwargs = _widen((args, kwargs), dtype)
+        with torch.no_grad():
+            outputs = _outputs(node, node.target(*args, **kwargs))
+        return [_widen(t, dtype) for t in outputs]  # int / int divides into the default dtype
+
+    def cast(self, tensor: torch.Tensor, dtype: str) -> torch.Tensor:
+        return tensor.to(getattr(torch, dtype))
+
+    def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.detach().cpu()
+
+    def from_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(self.device, copy=True)
 
     # -- where values live ---------------------------------------------------------------
     def locate(self, tensor: torch.Tensor, unit: str | None = None) -> Location:
@@ -182,6 +223,34 @@ class TorchDriver(Driver):
 
     def clone(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.clone()
+
+
+def _outputs(node: Node, result: Any) -> list[Any]:
+    if isinstance(result, torch.Tensor):
+        return [result]
+    # Multi-output ops: keep only the outputs the Program names (getitem users).
+    return [result[i] for i in node.output_indices]
+
+
+def _widen(obj: Any, dtype: torch.dtype) -> Any:
+    """`obj` with every floating tensor and floating dtype argument no wider than `dtype` made `dtype`."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(dtype) if _narrower(obj.dtype, dtype) else obj
+    if isinstance(obj, torch.dtype):
+        return dtype if _narrower(obj, dtype) else obj
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_widen(o, dtype) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _widen(v, dtype) for k, v in obj.items()}
+    return obj
+
+
+def _narrower(have: torch.dtype, want: torch.dtype) -> bool:
+    return have.is_floating_point and have != want and have.itemsize <= want.itemsize
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _bytes_view(tensor: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,154 @@
+"""Comparing one value of a pass with the reference's, under dtype-aware tolerances.
+
+An element mismatches when |a - b| > atol + rtol * max(|b|, scale), where b is the reference
+and scale is the root mean square of the reference value: an element near zero in a tensor
+of large numbers is judged against the tensor's magnitude, not its own (a rounding error of
+a few ulps of the tensor is not a divergence). NaN matches NaN and an infinity matches the
+same infinity: both passes agree there. `error` is the worst element's |a - b| in units of
+its tolerance, so a value is within tolerance exactly when error <= 1.
+
+A value is judged at the precision of the data it carries: a float32 value computed from
+float16 values is no more accurate than float16 (`carried_precision`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from hardware.errors import RewindError
+from hardware.program import Program
+
+# (rtol, atol) per dtype against a float64 reference: rtol is a handful of ulps for one op's
+# rounding with room for the slow growth of rounding error through a deep model; atol is the
+# smallest normal number, since the scale already keeps near-zero elements from mattering.
+DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
+    "float64": (1e-9, torch.finfo(torch.float64).tiny),
+    "float32": (1e-4, torch.finfo(torch.float32).tiny),
+    "float16": (5e-3, torch.finfo(torch.float16).tiny),
+    "bfloat16": (4e-2, torch.finfo(torch.bfloat16).tiny),
+}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """User overrides; None keeps the dtype's default."""
+
+    rtol: float | None = None
+    atol: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("rtol", "atol"):
+            v = getattr(self, name)
+            if v is not None and not (math.isfinite(v) and v >= 0):
+                raise RewindError(f"{name} must be a finite number >= 0, got {v}")
+
+    def for_dtype(self, dtype: str) -> tuple[float, float]:
+        rtol, atol = DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))  # integers and booleans compare exactly
+        return (rtol if self.rtol is None else self.rtol, atol if self.atol is None else self.atol)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    value: str
+    dtype: str
+    rtol: float
+    atol: float
+    numel: int
+    max_abs: float
+    max_rel: float
+    rmse: float
+    cosine: float
+    mismatches: int
+    first_mismatch: tuple[int, ...] | None
+    error: float  # the worst element's |a - b| over its tolerance: <= 1 is within tolerance
+    nonfinite: int = 0  # NaN/Inf elements in this pass (where the reference has them too, they match)
+
+    @property
+    def within(self) -> bool:
+        return self.mismatches == 0
+
+    def to_dict(self) -> dict:
+        return {"value": self.value, "dtype": self.dtype, "rtol": self.rtol, "atol": self.atol,
+                "maxAbs": _json(self.max_abs), "maxRel": _json(self.max_rel), "rmse": _json(self.rmse),
+                "cosine": _json(self.cosine), "mismatches": self.mismatches,
+                "firstMismatch": list(self.first_mismatch) if self.first_mismatch is not None else None,
+                "error": _json(self.error), "nonfinite": self.nonfinite, "within": self.within}
+
+
+def carried_precision(program: Program) -> dict[str, str]:
+    """Value -> the least precise floating dtype its data went through (its own dtype when not floating)."""
+    out: dict[str, str] = {}
+    for name, info in program.values.items():
+        if info.producer is None or info.dtype not in DEFAULT_TOLERANCES:
+            out[name] = info.dtype
+    for node in program.nodes:
+        carried = [out[n] for n in node.input_names() if out[n] in DEFAULT_TOLERANCES]
+        for name in node.outputs:
+            own = program.values[name].dtype
+            out[name] = max([own] + carried, key=_eps) if own in DEFAULT_TOLERANCES else own
+    return out
+
+
+def _eps(dtype: str) -> float:
+    return torch.finfo(getattr(torch, dtype)).eps
+
+
+def compare(value: str, dtype: str, test: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float) -> Comparison:
+    """Compare host tensors `test` and `ref` (any dtypes; measured in float64) as value `value` of `dtype`."""
+    if tuple(test.shape) != tuple(ref.shape):
+        raise RewindError(f"'{value}' has shape {list(test.shape)} in this pass but {list(ref.shape)} in the reference")
+    a, b = test.detach().to(torch.float64).reshape(-1), ref.detach().to(torch.float64).reshape(-1)
+    agree = (a == b) | (torch.isnan(a) & torch.isnan(b))
+    diff = torch.where(agree, 0.0, (a - b).abs().nan_to_num(nan=math.inf, posinf=math.inf))
+    finite = b[torch.isfinite(b)]
+    scale = float(finite.square().mean().sqrt()) if finite.numel() else 0.0
+    bound = atol + rtol * torch.maximum(b.abs(), torch.tensor(scale, dtype=torch.float64))
+    bad = (diff > bound) | torch.isinf(diff)  # an infinite difference exceeds even an infinite bound
+    bad_at = bad.nonzero().reshape(-1)
+    first = tuple(int(i) for i in torch.unravel_index(bad_at[0], tuple(test.shape))) if bad_at.numel() else None
+    return Comparison(
+        value, dtype, rtol, atol, a.numel(),
+        max_abs=float(diff.max()) if diff.numel() else 0.0,
+        max_rel=_max_rel(diff, b),
+        rmse=float(diff.square().mean().sqrt()) if diff.numel() else 0.0,
+        cosine=_cosine(a, b),
+        mismatches=int(bad_at.numel()),
+        first_mismatch=first,
+        error=_error(diff, bound, bad),
+        nonfinite=int((~torch.isfinite(a)).sum()),
+    )
+
+
+def _max_rel(diff: torch.Tensor, b: torch.Tensor) -> float:
+    if not diff.numel() or not bool((diff > 0).any()):
+        return 0.0
+    return float(torch.where(diff == 0, 0.0, diff / b.abs()).nan_to_num(nan=math.inf, posinf=math.inf).max())
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    both = torch.isfinite(a) & torch.isfinite(b)
+    a, b = a[both], b[both]
+    na, nb = float(a.norm()), float(b.norm())
+    if na == 0.0 or nb == 0.0:
+        return 1.0 if na == nb else 0.0
+    return max(-1.0, min(1.0, float(torch.dot(a, b)) / (na * nb)))
+
+
+def _error(diff: torch.Tensor, bound: torch.Tensor, bad: torch.Tensor) -> float:
+    if not diff.numel():
+        return 0.0
+    if bool((bad & ((bound == 0) | torch.isinf(diff))).any()):
+        return math.inf
+    return float((diff / bound.clamp_min(1e-300)).nan_to_num(nan=0.0, posinf=math.inf).max())
+
+
+def _json(x: float) -> float | str:
+    """JSON has no Infinity or NaN: say them in words."""
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return x

@@ -1,0 +1,320 @@
+"""Numerical forensics: where a NaN/Inf was born, where this pass first left its reference, which
+node introduced the error rather than inherited it, and how the error grew on the way out.
+
+A node's *observed* error is its output against the reference's. Its *introduced* error is
+what it does on its own: rerun it on the reference's inputs, cast to the node's dtypes, and
+compare with the reference's output. A node diverges when its observed error is beyond
+tolerance and either it introduced that much itself, or none of its inputs was beyond
+tolerance yet (the error crossed the line here: an accumulation). Introduced errors depend
+only on the reference and on how the node runs (its patch), so they are computed once.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from hardware.errors import RewindError
+from hardware.program import Node
+from provenance.compare import Comparison, Tolerance, carried_precision, compare
+from provenance.lineage import descendants
+from provenance.patterns import Evidence, Match, classify
+from provenance.reference import DEFAULT_REFERENCE, Reference, open_reference
+
+if TYPE_CHECKING:
+    from hardware.session import ExceptionDetails, Session
+
+MAX_GROWTH_POINTS = 16
+
+
+@dataclass
+class Finding:
+    """One node that went wrong: it wrote NaN/Inf from finite inputs, or it diverged from the reference."""
+
+    kind: str  # "nonfinite" or "divergence"
+    tick: int
+    node: Node
+    details: "ExceptionDetails"  # value, count and first index of the bad elements, the inputs' stats
+    observed: Comparison | None = None
+    introduced: Comparison | None = None
+    match: Match | None = None
+    reference_agrees: bool | None = None  # a NaN/Inf the reference has too: no precision removes it
+    growth: list[dict] = field(default_factory=list)
+
+    @property
+    def source(self) -> dict | None:
+        loc = self.node.loc
+        return {"file": loc.file, "line": loc.line} if loc else None
+
+    def to_dict(self) -> dict:
+        d = self.details
+        return {
+            "kind": self.kind, "tick": self.tick, "node": self.node.name, "op": self.node.op,
+            "module": self.node.module_path, "source": self.source, "value": d.value, "count": d.count,
+            "firstIndex": list(d.first_index) if d.first_index is not None else None, "inputs": d.inputs,
+            "observed": self.observed.to_dict() if self.observed else None,
+            "introduced": self.introduced.to_dict() if self.introduced else None,
+            "pattern": self.match.to_dict() if self.match else None,
+            "referenceAgrees": self.reference_agrees, "growth": self.growth,
+        }
+
+
+class Forensics:
+    """Forensics over one Session's Timeline; the reference pass is built on first need."""
+
+    def __init__(self, session: "Session", reference: str | None = None, tolerance: Tolerance | None = None):
+        options = session.options
+        self.session = session
+        self.timeline = session.tl
+        self.program = session.program
+        self.spec = reference or (options.reference if options else None) or DEFAULT_REFERENCE
+        self.tolerance = tolerance or Tolerance(getattr(options, "rtol", None), getattr(options, "atol", None))
+        self.precision = carried_precision(self.program)  # the dtype each value is judged at
+        self._reference: Reference | None = None
+        self._introduced: dict[tuple, list[Comparison]] = {}
+
+    # -- the reference ---------------------------------------------------------------------------------
+    @property
+    def reference(self) -> Reference:
+        if self._reference is None:
+            budget = int((self.session.options.budget_mb if self.session.options else 1024) * 2**20)
+            self._reference = open_reference(self.spec, self.program, budget,
+                                             self.progress(f"reference pass ({self.spec})"))
+        return self._reference
+
+    def progress(self, title: str) -> Callable[[int, int], None]:
+        """A callback reporting `title` as session progress once the work has run half a second."""
+        started = time.monotonic()
+        emit = self.session.on_event
+        from hardware.session import SessionEvent
+
+        def report(done: int, total: int) -> None:
+            if time.monotonic() - started > 0.5:
+                emit(SessionEvent("progress", {"message": f"{title}: {done} of {total}",
+                                               "percentage": 100.0 * done / max(total, 1)}))
+        return report
+
+    def record_to_end(self) -> None:
+        """Execute what the pass has not run yet, leaving the position where the user has it."""
+        tl = self.timeline
+        if tl.frontier < tl.end:
+            position = tl.position
+            tl.seek(tl.end)
+            tl.seek(position)
+
+    # -- per-node errors ------------------------------------------------------------------------------
+    def floating_outputs(self, node: Node) -> list[str]:
+        return [n for n in node.outputs if is_floating(self.program.values[n].dtype)]
+
+    def test_value(self, name: str, position: int) -> torch.Tensor:
+        tl = self.timeline
+        return tl.driver.to_host(tl.value(name, position))
+
+    def observed(self, node: Node) -> list[Comparison]:
+        """Each floating output of `node` in this pass against the reference's."""
+        after = self.timeline.node_tick[node.index] + 1
+        return [self._compare(n, self.test_value(n, after)) for n in self.floating_outputs(node)]
+
+    def introduced(self, node: Node) -> list[Comparison]:
+        """`node` rerun on the reference's inputs (cast to its dtypes), against the reference's outputs."""
+        tl = self.timeline
+        key = (node.index, tl.patches.get(node.index))
+        if key not in self._introduced:
+            inputs = {n: tl.driver.from_host(self.reference.value(n).to(_torch_dtype(self.program.values[n].dtype)))
+                      for n in node.input_names()}
+            outputs = dict(zip(node.outputs, tl.run_node(node, inputs.__getitem__)))
+            self._introduced[key] = [self._compare(n, tl.driver.to_host(outputs[n])) for n in self.floating_outputs(node)]
+        return self._introduced[key]
+
+    def _compare(self, name: str, test: torch.Tensor) -> Comparison:
+        rtol, atol = self.tolerance.for_dtype(self.precision[name])
+        return compare(name, self.program.values[name].dtype, test, self.reference.value(name), rtol, atol)
+
+    def outputs(self) -> list[Comparison]:
+        """The program's outputs at the end of this branch, in their declared dtypes, against the reference."""
+        tl = self.timeline
+        self.record_to_end()
+        return [self._compare(n, tl.driver.to_host(tl.driver.cast(tl.value(n, tl.end), self.program.values[n].dtype)))
+                for n in self.program.outputs]
+
+    # -- localisation ---------------------------------------------------------------------------------
+    def divergence_at(self, tick: int) -> Finding | None:
+        """Does the step at `tick` diverge: observed beyond tolerance, and introduced by it or crossing here?"""
+        node = self.timeline.node_at(tick)
+        if node is None or tick >= self.timeline.frontier:
+            return None
+        observed = [c for c in self.observed(node) if not c.within]
+        if not observed:
+            return None
+        introduced = {c.value: c for c in self.introduced(node)}
+        worst = max(observed, key=lambda c: c.error)
+        if introduced[worst.value].within and self._inputs_beyond(node, tick):
+            return None  # inherited
+        return self._finding("divergence", tick, node, worst, introduced[worst.value])
+
+    def _inputs_beyond(self, node: Node, tick: int) -> bool:
+        for name in node.input_names():
+            info = self.program.values[name]
+            if info.producer is not None and is_floating(info.dtype):
+                if not self._compare(name, self.test_value(name, tick)).within:
+                    return True
+        return False
+
+    def first_divergence(self, start: int = 0) -> Finding | None:
+        tl = self.timeline
+        self.record_to_end()
+        report = self.progress("looking for the first divergence")
+        for tick in range(start, tl.end):
+            found = self.divergence_at(tick)
+            if found is not None:
+                found.growth = self.growth(found)
+                return found
+            report(tick, tl.end)
+        return None
+
+    def first_nonfinite(self) -> Finding | None:
+        """The first step that wrote NaN, or an Inf nobody wrote on purpose, from inputs that carried none."""
+        tl = self.timeline
+        self.record_to_end()
+        after = -1
+        while (rec := tl.log.first_nonfinite(after)) is not None:
+            after = rec.tick
+            node = tl.node_at(rec.tick)
+            details = self.session.nonfinite_at(rec.tick)
+            if node is None or details is None or (details.filter == "inf" and _writes_infinity(node)):
+                continue
+            return self._finding("nonfinite", rec.tick, node, None, None, details)
+        return None
+
+    def explain(self, details: "ExceptionDetails", tick: int) -> dict:
+        """Evidence for a NaN/Inf stop: the failure pattern, without a reference pass."""
+        node = self.timeline.node_at(tick)
+        if node is None:
+            return {}
+        match = classify(self._evidence("nonfinite", tick, node, details.value, None, None))
+        return {"pattern": match.to_dict() if match else None}
+
+    def _finding(self, kind: str, tick: int, node: Node, observed: Comparison | None,
+                 introduced: Comparison | None, details: "ExceptionDetails | None" = None) -> Finding:
+        if details is None:
+            details = self._divergence_details(tick, node, observed)
+        found = Finding(kind, tick, node, details, observed, introduced)
+        found.match = classify(self._evidence(kind, tick, node, details.value, observed, introduced))
+        return found
+
+    def _divergence_details(self, tick: int, node: Node, observed: Comparison) -> "ExceptionDetails":
+        from hardware.session import ExceptionDetails
+
+        inputs = {n: self.session.value_stats(n, tick) for n in node.input_names()}
+        return ExceptionDetails("divergence", node.name, node.op, str(node.loc) if node.loc else None, observed.value,
+                                observed.mismatches, observed.first_mismatch, inputs)
+
+    def _evidence(self, kind: str, tick: int, node: Node, value: str, observed: Comparison | None,
+                  introduced: Comparison | None) -> Evidence:
+        inputs = {n: self.test_value(n, tick) for n in node.input_names()}
+        return Evidence(kind, node, self.program.values[value].dtype, inputs, self.test_value(value, tick + 1),
+                        observed, introduced, _chain(self.program, node))
+
+    def with_reference(self, found: Finding) -> Finding:
+        """Add what the reference says about a NaN/Inf finding: does it have the same non-finite values?"""
+        ref = self.reference.value(found.details.value)
+        test = self.test_value(found.details.value, found.tick + 1)
+        bad = ~torch.isfinite(test)
+        found.reference_agrees = bool((~torch.isfinite(ref[bad])).all())
+        found.observed = self._compare(found.details.value, test)
+        return found
+
+    # -- growth ---------------------------------------------------------------------------------------
+    def growth(self, found: Finding) -> list[dict]:
+        """The observed error downstream of a finding, at the points where it at least doubles, and at the outputs."""
+        points: list[dict] = []
+        last = found.observed.error if found.observed else 0.0
+        outputs = set(self.program.outputs)
+        for index in descendants(self.program, found.node.index):
+            node = self.program.nodes[index]
+            errors = self.observed(node)
+            if not errors:
+                continue
+            worst = max(errors, key=lambda c: c.error)
+            reaches_output = any(c.value in outputs for c in errors)
+            if worst.error >= 2 * last or reaches_output:
+                points.append(_growth_point(node, self.timeline.node_tick[index], worst))
+                last = max(last, worst.error)
+        return _thin(points)
+
+    # -- the per-node table ----------------------------------------------------------------------------
+    def table(self, start: int = 0, count: int | None = None, introduced: bool = False) -> list[dict]:
+        """One row per floating output of each node in [start, start + count) ticks: observed (and introduced) error."""
+        tl = self.timeline
+        self.record_to_end()
+        stop = tl.end if count is None else min(tl.end, start + count)
+        report = self.progress("comparing with the reference")
+        rows = []
+        for tick in range(max(0, start), stop):
+            node = tl.node_at(tick)
+            if node is None:
+                continue
+            added = {c.value: c for c in self.introduced(node)} if introduced else {}
+            for c in self.observed(node):
+                row = {"tick": tick, "node": node.name, "op": node.op,
+                       "source": str(node.loc) if node.loc else None, **c.to_dict()}
+                if introduced:
+                    row["introduced"] = added[c.value].to_dict()
+                rows.append(row)
+            report(tick - start, stop - start)
+        return rows
+
+
+def _growth_point(node: Node, tick: int, c: Comparison) -> dict:
+    return {"tick": tick, "node": node.name, "op": node.op, "source": str(node.loc) if node.loc else None,
+            "value": c.value, "error": c.to_dict()["error"], "maxAbs": c.to_dict()["maxAbs"],
+            "mismatches": c.mismatches}
+
+
+def _thin(points: list[dict]) -> list[dict]:
+    if len(points) <= MAX_GROWTH_POINTS:
+        return points
+    step = math.ceil(len(points) / (MAX_GROWTH_POINTS - 1))
+    return points[:-1:step] + points[-1:]
+
+
+def _chain(program, node: Node) -> int:
+    """How many nodes of this op at this source line feed each other in a row, ending with `node`."""
+    count = 1
+    while True:
+        producers = [program.values[n].producer for n in node.input_names()]
+        same = [program.nodes[p] for p in producers if p is not None
+                and program.nodes[p].op == node.op and program.nodes[p].loc == node.loc]
+        if not same:
+            return count
+        node, count = same[0], count + 1
+
+
+def _writes_infinity(obj: Any) -> bool:
+    """Is an infinity written into a node's arguments as a constant (a mask filled with -inf)?"""
+    if isinstance(obj, Node):
+        return _writes_infinity((obj.args, obj.kwargs))
+    if isinstance(obj, float):
+        return math.isinf(obj)
+    if isinstance(obj, (tuple, list)):
+        return any(_writes_infinity(o) for o in obj)
+    if isinstance(obj, dict):
+        return any(_writes_infinity(o) for o in obj.values())
+    return False
+
+
+def is_floating(dtype: str) -> bool:
+    found = getattr(torch, dtype, None)
+    return isinstance(found, torch.dtype) and found.is_floating_point
+
+
+def _torch_dtype(dtype: str) -> torch.dtype:
+    found = getattr(torch, dtype, None)
+    if not isinstance(found, torch.dtype):
+        raise RewindError(f"unknown dtype '{dtype}'")
+    return found
+

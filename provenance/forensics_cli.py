@@ -1,0 +1,65 @@
+"""`rewind forensics model.py [--reference torch:cpu:float64] [--json]`: one-shot numerical forensics.
+
+Runs the model, localizes and classifies what went wrong, searches for a precision fix, and
+prints a report (or JSON for agents). Exit status: 0 when the pass is clean, 1 when a problem
+is found, 2 when the model or the options cannot be used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+
+from hardware.errors import RewindError
+from hardware.session import LaunchOptions, Session
+from provenance.ablation import DEFAULT_MAX_TRIALS
+from provenance.investigation import investigate, render
+from provenance.reference import DEFAULT_REFERENCE, save_values
+
+EXIT_CLEAN, EXIT_PROBLEM, EXIT_ERROR = 0, 1, 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="the model file: its entry returns (torch.nn.Module, inputs)")
+    parser.add_argument("--entry", default="build", help="the function in the file that builds the model")
+    parser.add_argument("--driver", default="auto", help="where the pass runs: auto, torch:cpu, torch:cuda[:N]")
+    parser.add_argument("--reference", default=DEFAULT_REFERENCE,
+                        help="the known-good pass: a driver such as torch:cpu:float64, a trace, or saved values")
+    parser.add_argument("--rtol", type=float, default=None, help="relative tolerance (default: by dtype)")
+    parser.add_argument("--atol", type=float, default=None, help="absolute tolerance (default: by dtype)")
+    parser.add_argument("--budget-mb", type=float, default=1024.0, help="checkpoint memory per pass")
+    parser.add_argument("--no-ablate", action="store_true", help="skip the search for a precision fix")
+    parser.add_argument("--max-trials", type=int, default=DEFAULT_MAX_TRIALS, help="ablation trials at most")
+    parser.add_argument("--save-reference", metavar="PATH", help="also save the reference's values to PATH")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON (for agents)")
+
+
+def run(args: argparse.Namespace) -> int:
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    try:
+        session = Session()
+        session.launch(LaunchOptions(args.model, entry=args.entry, driver=args.driver, budget_mb=args.budget_mb,
+                                     reference=args.reference, rtol=args.rtol, atol=args.atol))
+        found = investigate(session, ablate=not args.no_ablate, max_trials=args.max_trials)
+        if args.save_reference:
+            save_values(session.forensics.reference, args.save_reference)
+    except RewindError as exc:
+        print(f"rewind forensics: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    if args.json:
+        print(json.dumps(found.to_dict(), indent=2))
+    else:
+        print(render(found, session.program.source_files))
+    return EXIT_PROBLEM if found.problem else EXIT_CLEAN
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rewind forensics", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

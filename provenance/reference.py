@@ -1,0 +1,124 @@
+"""The reference: a known-good pass's value of every node, to compare this pass with.
+
+A reference spec is one of
+- a driver, `torch:cpu:float64`: the same Program runs again through its own Timeline on that
+  driver, every floating op in float64 and casts to lower precision made no-ops (the torch
+  driver's compute precision): the same engine, not a second one;
+- a trace of an earlier run (checkpoint/trace.py), read without a device;
+- a file of saved values written by `save_values` (torch.save of value name -> tensor).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from checkpoint.timeline import Timeline
+from checkpoint.trace import MAGIC
+from hardware.driver import open_driver
+from hardware.errors import DriverError, RewindError
+from hardware.program import Program
+
+DEFAULT_REFERENCE = "torch:cpu:float64"
+VALUES_FORMAT = "rewind-values/1"
+Progress = Callable[[int, int], None]
+
+
+class Reference:
+    """Values of the known-good pass by Program value name, as host tensors."""
+
+    def __init__(self, spec: str, program: Program, value_of: Callable[[str], torch.Tensor | None]):
+        self.spec = spec
+        self.program = program
+        self._value_of = value_of
+
+    def value(self, name: str) -> torch.Tensor:
+        tensor = self._value_of(name)
+        if tensor is None:
+            raise RewindError(f"the reference {self.spec} has no value '{name}'")
+        return tensor
+
+
+def open_reference(spec: str, program: Program, budget: int, progress: Progress | None = None) -> Reference:
+    if spec.startswith("torch:"):
+        return _pass_reference(spec, program, budget, progress)
+    path = Path(spec)
+    if not path.is_file():
+        raise RewindError(f"reference '{spec}' is neither a driver (e.g. {DEFAULT_REFERENCE}) nor a file")
+    with path.open("rb") as f:
+        is_trace = f.read(len(MAGIC)) == MAGIC
+    return _trace_reference(spec, program, budget) if is_trace else _saved_reference(spec, program)
+
+
+def _pass_reference(spec: str, program: Program, budget: int, progress: Progress | None) -> Reference:
+    try:
+        driver = open_driver(spec)
+    except DriverError as exc:
+        raise RewindError(f"reference '{spec}': {exc}") from None
+    timeline = Timeline(program, driver, budget)
+    chunk = max(1, timeline.end // 50)
+    for tick in range(0, timeline.end, chunk):
+        timeline.seek(tick)
+        if progress:
+            progress(tick, timeline.end)
+    timeline.seek(timeline.end)
+    return _timeline_reference(spec, program, timeline)
+
+
+def _trace_reference(spec: str, program: Program, budget: int) -> Reference:
+    from checkpoint.recording import open_trace
+
+    recorded, timeline, _ = open_trace(spec, lambda p, d, archive: Timeline(p, d, budget, archive=archive))
+    _check_same_program(spec, program, recorded.values)
+    return _timeline_reference(spec, program, timeline)
+
+
+def _timeline_reference(spec: str, program: Program, timeline: Timeline) -> Reference:
+    def value_of(name: str) -> torch.Tensor | None:
+        info = program.values.get(name)
+        # Nodes read inputs, parameters and buffers as they were at the start (a graph's buffer
+        # mutations are outputs), and every other value has a single version.
+        position = 0 if info is not None and info.producer is None else timeline.end
+        if timeline.version_at(name, position) is None:
+            return None
+        return timeline.driver.to_host(timeline.value(name, position))
+
+    return Reference(spec, program, value_of)
+
+
+def _saved_reference(spec: str, program: Program) -> Reference:
+    try:
+        saved = torch.load(spec, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise RewindError(f"reference '{spec}' is not a trace and cannot be read as saved values: {exc}") from None
+    if not isinstance(saved, dict) or saved.get("format") != VALUES_FORMAT or not isinstance(saved.get("values"), dict):
+        raise RewindError(f"reference '{spec}' is not a file of saved values (format {VALUES_FORMAT})")
+    values: dict[str, torch.Tensor] = saved["values"]
+    _check_same_program(spec, program, {n: t for n, t in values.items()})
+
+    def value_of(name: str) -> torch.Tensor | None:
+        found = values.get(name)
+        return found if found is not None else program.initial.get(name)
+
+    return Reference(spec, program, value_of)
+
+
+def _check_same_program(spec: str, program: Program, recorded: dict) -> None:
+    for name, other in recorded.items():
+        mine = program.values.get(name)
+        shape = tuple(other.shape)
+        if mine is None or mine.shape != shape:
+            what = "no such value" if mine is None else f"shape {list(mine.shape)}"
+            raise RewindError(f"reference '{spec}' records another program: its '{name}' has shape {list(shape)}, "
+                              f"this program has {what}")
+
+
+def save_values(reference: Reference, path: str) -> int:
+    """Save the reference's value of every node output, to be a reference for later runs (no recomputation)."""
+    program = reference.program
+    values = {info.name: reference.value(info.name).clone() for info in program.values.values()
+              if info.producer is not None}
+    torch.save({"format": VALUES_FORMAT, "program": program.name, "values": values}, path)
+    return len(values)
