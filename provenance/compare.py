@@ -71,11 +71,10 @@ class Comparison:
         return self.mismatches == 0
 
     def to_dict(self) -> dict:
-        return {"value": self.value, "dtype": self.dtype, "rtol": self.rtol, "atol": self.atol,
-                "maxAbs": _json(self.max_abs), "maxRel": _json(self.max_rel), "rmse": _json(self.rmse),
-                "cosine": _json(self.cosine), "mismatches": self.mismatches,
-                "firstMismatch": list(self.first_mismatch) if self.first_mismatch is not None else None,
-                "error": _json(self.error), "nonfinite": self.nonfinite, "within": self.within}
+        return json_safe({"value": self.value, "dtype": self.dtype, "rtol": self.rtol, "atol": self.atol,
+                          "maxAbs": self.max_abs, "maxRel": self.max_rel, "rmse": self.rmse, "cosine": self.cosine,
+                          "mismatches": self.mismatches, "firstMismatch": self.first_mismatch, "error": self.error,
+                          "nonfinite": self.nonfinite, "within": self.within})
 
 
 def carried_precision(program: Program) -> dict[str, str]:
@@ -145,10 +144,12 @@ def _error(diff: torch.Tensor, bound: torch.Tensor, bad: torch.Tensor) -> float:
     return float((diff / bound.clamp_min(1e-300)).nan_to_num(nan=0.0, posinf=math.inf).max())
 
 
-def _json(x: float) -> float | str:
-    """JSON has no Infinity or NaN: say them in words."""
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return x
+def json_safe(obj):
+    """`obj` with every NaN and infinity spelled "nan", "inf", "-inf": JSON has no words for them."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj

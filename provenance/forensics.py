@@ -76,6 +76,7 @@ class Forensics:
         self.precision = carried_precision(self.program)  # the dtype each value is judged at
         self._reference: Reference | None = None
         self._introduced: dict[tuple, list[Comparison]] = {}
+        self._outputs: dict[tuple, list[Comparison]] = {}  # by the outputs' recorded digests
 
     # -- the reference ---------------------------------------------------------------------------------
     @property
@@ -135,11 +136,19 @@ class Forensics:
         return compare(name, self.program.values[name].dtype, test, self.reference.value(name), rtol, atol)
 
     def outputs(self) -> list[Comparison]:
-        """The program's outputs at the end of this branch, in their declared dtypes, against the reference."""
+        """The program's outputs at the end of this branch, in their declared dtypes, against the reference.
+
+        Remembered by the digests the write log recorded for them: the same bytes compare the same, so
+        measuring the original outputs again after an ablation needs no recomputation."""
         tl = self.timeline
         self.record_to_end()
-        return [self._compare(n, tl.driver.to_host(tl.driver.cast(tl.value(n, tl.end), self.program.values[n].dtype)))
-                for n in self.program.outputs]
+        key = tuple(r.digest if (r := tl.log.last_writer(value=n)) and r.kind != "view" else None
+                    for n in self.program.outputs)
+        if None in key or key not in self._outputs:
+            self._outputs[key] = [self._compare(n, tl.driver.to_host(tl.driver.cast(tl.value(n, tl.end),
+                                                                                    self.program.values[n].dtype)))
+                                  for n in self.program.outputs]
+        return self._outputs[key]
 
     # -- localisation ---------------------------------------------------------------------------------
     def divergence_at(self, tick: int) -> Finding | None:
@@ -230,9 +239,11 @@ class Forensics:
 
     # -- growth ---------------------------------------------------------------------------------------
     def growth(self, found: Finding) -> list[dict]:
-        """The observed error downstream of a finding, at the points where it at least doubles, and at the outputs."""
-        points: list[dict] = []
-        last = found.observed.error if found.observed else 0.0
+        """The observed error at a finding, then downstream where it at least doubles, and at the outputs."""
+        if found.observed is None:
+            return []
+        points = [_growth_point(found.node, found.tick, found.observed)]
+        last = found.observed.error
         outputs = set(self.program.outputs)
         for index in descendants(self.program, found.node.index):
             node = self.program.nodes[index]

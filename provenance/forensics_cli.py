@@ -15,6 +15,7 @@ import warnings
 from hardware.errors import RewindError
 from hardware.session import LaunchOptions, Session
 from provenance.ablation import DEFAULT_MAX_TRIALS
+from provenance.compare import json_safe
 from provenance.investigation import investigate, render
 from provenance.reference import DEFAULT_REFERENCE, save_values
 
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"rewind forensics: {exc}", file=sys.stderr)
         return EXIT_ERROR
     if args.json:
-        print(json.dumps(found.to_dict(), indent=2))
+        print(json.dumps(json_safe(found.to_dict()), indent=2, allow_nan=False))
     else:
         print(render(found, session.program.source_files))
     return EXIT_PROBLEM if found.problem else EXIT_CLEAN
