@@ -347,7 +347,8 @@ class Timeline:
                     self._physical_version[buf] = tick
                     self.versions[buf].append(tick)
                     row = self.log.append(tick, unit, node.index, buf, KIND_BUFFER,
-                                          self.driver.locate(self.physical[buf], unit), self.driver.inspect(tensor))
+                                          self.driver.locate_value(buf, self.physical[buf], unit),
+                                          self.driver.inspect(tensor))
                     if self.recorder is not None:
                         self.recorder.write(self.log.row(row))
             if (tick + 1) % self.every == 0:
@@ -357,7 +358,7 @@ class Timeline:
 
     def _record(self, tick: int, node: int | None, name: str, kind: int, tensor: Any, unit: str) -> WriteStats:
         stats = WriteStats.empty() if kind == KIND_VIEW else self.driver.inspect(tensor)
-        row = self.log.append(tick, unit, node, name, kind, self.driver.locate(tensor, unit), stats)
+        row = self.log.append(tick, unit, node, name, kind, self.driver.locate_value(name, tensor, unit), stats)
         self.versions.setdefault(name, []).append(tick)
         self._store((name, tick), tensor)
         if self.recorder is not None:
@@ -444,8 +445,15 @@ class Timeline:
         for buf in self.physical:
             if self._physical_version[buf] >= tick:
                 self._physical_version[buf] = None  # force a rewrite at the next sync
+        self.driver.forget([s.node for s in self.schedule[tick:self.frontier] if s.node is not None])
         self.frontier = tick
         self._sync_buffers()
+
+    def forget_from(self, tick: int) -> None:
+        """Forget the recorded run from `tick` on (a driver's node will run differently): its steps
+        execute again when next reached."""
+        self.seek(min(tick, self.frontier))
+        self._truncate(tick)
 
     # -- checkpoints ----------------------------------------------------------------------------
     def checkpoints(self) -> list[CheckpointInfo]:

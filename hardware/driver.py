@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from hardware.errors import DriverError
 from hardware.memory import Location
@@ -127,13 +127,32 @@ class Driver(ABC):
     def storage_nbytes(self, tensor: Any) -> int:
         return tensor.untyped_storage().nbytes()
 
+    # -- drivers that place values by name (a chip with its own memory map) ---------------------------
+    def locate_value(self, name: str, tensor: Any, unit: str | None = None) -> Location:
+        """Where the Program value `name`, held by `tensor`, lives."""
+        return self.locate(tensor, unit)
 
-def open_driver(spec: str) -> Driver:
-    """`auto`, `torch:cpu`, `torch:cuda`, `torch:cuda:N` (and the drivers of later chips); a torch spec may end
-    in a compute precision, `torch:cpu:float64`: every floating op then runs in it (the reference pass)."""
+    def placement(self, name: str, tensor: Any) -> tuple[Location, ...]:
+        """The value's shards: one Location per part a different unit stores (one on one device)."""
+        return (self.locate_value(name, tensor),)
+
+    def forget(self, nodes: list[int]) -> None:
+        """The Timeline forgot these nodes' runs (an edit rewrites their future): drop what was kept of them."""
+
+
+def open_driver(spec: str, options: Mapping[str, Any] | None = None) -> Driver:
+    """`auto`, `torch:cpu`, `torch:cuda`, `torch:cuda:N`, `sim`, `sim:<chip>`; a torch spec may end
+    in a compute precision, `torch:cpu:float64`: every floating op then runs in it (the reference pass).
+    `options` are the driver's own launch options (the sim chip's `seed`, `schedule`, `faults`)."""
     kind, _, rest = spec.partition(":")
+    if kind == "sim":
+        from hardware.drivers.sim import SimDriver
+
+        return SimDriver.from_spec(spec, options)
+    if options:
+        raise DriverError(f"driver '{spec}' takes no options ({', '.join(sorted(options))}): they are the sim chip's")
     if spec == "auto" or kind == "torch":
         from hardware.drivers.torch import TorchDriver
 
         return TorchDriver.from_spec(spec)
-    raise DriverError(f"unknown driver '{spec}': use auto, torch:cpu, torch:cuda or torch:cuda:N")
+    raise DriverError(f"unknown driver '{spec}': use auto, torch:cpu, torch:cuda, torch:cuda:N, sim or sim:<chip>")

@@ -19,6 +19,8 @@ class Location:
     shape: tuple[int, ...] = ()
     strides: tuple[int, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)  # allocator segment/block, bank
+    bank: int | None = None  # the memory bank of a banked on-chip memory
+    elements: tuple[tuple[int, int], ...] = ()  # the value's elements held here: [start, stop) per dimension
 
     def contains(self, address: int) -> bool:
         return self.address <= address < self.address + self.nbytes
@@ -29,6 +31,7 @@ class Location:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["shape"], d["strides"] = list(self.shape), list(self.strides)
+        d["elements"] = [list(e) for e in self.elements]
         return d
 
 

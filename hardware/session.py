@@ -29,6 +29,7 @@ from hardware.breakpoints import (Breakpoint, check_breakpoint_expressions, func
 from hardware.driver import open_driver
 from hardware.errors import ExpressionError, NotStoppedError, RewindError
 from hardware.expressions import evaluate, truth
+from hardware.instructions import InstructionDriver
 from hardware.memory import Placement
 from hardware.program import Frame, Node, Program
 from hardware.source_names import Assignment, assignments, frame_instance
@@ -55,6 +56,8 @@ class ExceptionDetails:
 
     def description(self) -> str:
         where = f" at {self.source}" if self.source else ""
+        if self.filter in ("race", "hang"):  # parallel findings of a many-core chip (hardware/instruction_cursor.py)
+            return self.evidence["message"]
         if self.filter == "divergence":
             return (f"'{self.value}' diverges from the reference at {self.count} element(s): "
                     f"{self.op} ('{self.node}'){where} introduced the error")
@@ -69,6 +72,8 @@ class Stop:
     description: str = ""
     breakpoint_ids: list[int] = field(default_factory=list)
     exception: ExceptionDetails | None = None
+    instruction: int | None = None  # steps of the node at `tick` that have run (instruction granularity)
+    unit: int | None = None  # the unit the stop is about (a race's second access, a hung unit)
 
 
 @dataclass
@@ -93,6 +98,15 @@ class LaunchOptions:
     reference: str | None = None  # forensics: torch:cpu:float64 (the default), a trace, or saved values
     rtol: float | None = None  # tolerances against the reference; None: the dtype's default
     atol: float | None = None
+    seed: int = 0  # sim chip: the seed of a random schedule
+    schedule: str = "round-robin"  # sim chip: how units' steps interleave (round-robin, random)
+    faults: list = field(default_factory=list)  # sim chip: injected faults (hardware/drivers/sim/faults.py)
+
+    def driver_options(self) -> dict:
+        """The options the driver itself takes (only those set away from their defaults)."""
+        chosen = {"seed": self.seed, "schedule": self.schedule, "faults": self.faults}
+        defaults = {"seed": 0, "schedule": "round-robin", "faults": []}
+        return {k: v for k, v in chosen.items() if v != defaults[k]}
 
 
 @dataclass
@@ -102,6 +116,7 @@ class FrameInfo:
     file: str | None
     line: int | None
     module_path: str | None
+    instruction_pointer: int | None = None  # code address of the unit's next instruction
 
 
 class Session:
@@ -121,6 +136,7 @@ class Session:
         self._pause = threading.Event()
         self._positions_cache: dict[int, tuple] = {}
         self._forensics = None
+        self._instructions = None  # InstructionCursor, on a driver whose nodes run as instruction streams
 
     # -- lifecycle -----------------------------------------------------------------------------
     def launch(self, options: LaunchOptions, program: Program | None = None) -> None:
@@ -138,11 +154,16 @@ class Session:
             for warning in reader.contents.warnings:
                 self.on_event(SessionEvent("output", {"category": "important", "text": warning + "\n"}))
         else:
-            driver = open_driver(options.driver)
+            driver = open_driver(options.driver, options.driver_options())
             self.program = program or load_program(options.program, options.entry)
             self.timeline = self._make_timeline(self.program, driver, None)
             if options.record:
                 recording.record(self.timeline, options.record)
+        self._instructions = None
+        if isinstance(self.timeline.driver, InstructionDriver):
+            from hardware.instruction_cursor import InstructionCursor
+
+            self._instructions = InstructionCursor(self)
         self._assignments: list[Assignment] = assignments(self.program)
         for bps in self.line_breakpoints.values():
             for bp in bps:
@@ -213,15 +234,22 @@ class Session:
     # -- moving ----------------------------------------------------------------------------------
     def run(self, direction: Direction = Direction.FORWARD) -> Stop:
         """Continue (or reverse-continue) to the next position where a breakpoint holds."""
-        return self._scan(direction, lambda q: self._breakpoint_stop(q, direction))
+        return self._scan(direction, lambda q: None, breakpoints=True)
 
     def step(self, direction: Direction = Direction.FORWARD, granularity: str = "line",
-             kind: str = "over") -> Stop:
+             kind: str = "over", unit: int | None = None, single_thread: bool = False) -> Stop:
         """One step: kind over (next), in (stepIn), out (stepOut); granularity statement, line, instruction.
 
-        Breakpoints met on the way stop the step early, as in gdb."""
+        Breakpoints met on the way stop the step early, as in gdb. On a chip whose nodes run as
+        instruction streams, granularity `instruction` is one step of the node's interleaving: of any
+        unit, of `unit` (the others run as recorded), or of `unit` alone (`single_thread`)."""
         tl = self.tl
         start = tl.position
+        if self._instructions is not None:
+            if granularity == "instruction":
+                return self._instructions.step_instruction(direction, unit, single_thread)
+            if direction is Direction.REVERSE and self.instruction:  # back to the start of the node we are inside
+                return self._scan(direction, lambda q: Stop("step", q) if q == start else None, breakpoints=True)
         if granularity in ("statement", "instruction") and kind != "out":
             target = start + (1 if direction is Direction.FORWARD else -1)
             return self._scan(direction, lambda q: Stop("step", q) if q == target else None)
@@ -299,6 +327,10 @@ class Session:
         q = tl.position
         began = time.monotonic()
         step = 1 if direction is Direction.FORWARD else -1
+        inside = self.instruction  # steps run of the node at q, when stopped inside it
+        if step < 0 and inside:
+            q += 1  # going back crosses the rest of the node at q first
+        first = True
         while True:
             if step > 0 and q >= tl.end:
                 tl.seek(tl.end)
@@ -306,6 +338,13 @@ class Session:
             if step < 0 and q <= 0:
                 tl.seek(0)
                 return self._stopped(Stop("entry", 0, "beginning of the program"))
+            if breakpoints and self._instructions is not None:  # stops inside the node this move crosses
+                lo, hi = (inside if first else -1, None) if step > 0 else (-1, inside if first and inside else None)
+                crossed = self._instructions.crossing(q if step > 0 else q - 1, lo, hi, direction)
+                if crossed is not None:
+                    tl.seek(crossed.tick)
+                    return self._stopped(crossed)
+            first = False
             q += step
             if step > 0 and q > tl.frontier:
                 tl.seek(q)  # executes the step and records it
@@ -329,9 +368,12 @@ class Session:
     def _stopped(self, stop: Stop) -> Stop:
         self._pause.clear()
         self.last_stop = stop
-        self.on_event(SessionEvent("stopped", {"reason": stop.reason, "tick": stop.tick,
-                                               "description": stop.description,
-                                               "hitBreakpointIds": stop.breakpoint_ids}))
+        body = {"reason": stop.reason, "tick": stop.tick, "description": stop.description,
+                "hitBreakpointIds": stop.breakpoint_ids}
+        if self._instructions is not None:
+            self._instructions.place(stop.tick, stop.instruction or 0)
+            body.update(instruction=stop.instruction or 0, unit=stop.unit)
+        self.on_event(SessionEvent("stopped", body))
         return stop
 
     # -- breakpoints -------------------------------------------------------------------------------
@@ -387,10 +429,10 @@ class Session:
     def set_exception_filters(self, filters: Iterable[str]) -> None:
         """nan, inf: stop after the step that wrote a NaN / Inf its inputs did not carry; divergence: stop
         after the step where the pass first leaves its reference (see provenance/forensics.py)."""
-        unknown = set(filters) - {"nan", "inf", "divergence"}
+        unknown = set(filters) - {"nan", "inf", "divergence", "race", "hang"}
         if unknown:
             raise RewindError(f"unknown exception filter(s): {', '.join(sorted(unknown))} "
-                              "(known: nan, inf, divergence)")
+                              "(known: nan, inf, divergence, race, hang)")
         self.exception_filters = set(filters)
 
     def _validate(self, bp: Breakpoint) -> None:
@@ -538,8 +580,11 @@ class Session:
         node = self.tl.node_at(tick)
         return node.frames if node else ()
 
-    def frames(self) -> list[FrameInfo]:
-        """The node at its source line, then the enclosing module forward frames, innermost first."""
+    def frames(self, unit: int | None = None) -> list[FrameInfo]:
+        """The node at its source line, then the enclosing module forward frames, innermost first; for a
+        unit of a many-core chip, its next instruction first."""
+        if unit and self._instructions is not None:
+            return self._instructions.unit_frame(unit, self.frames())
         tl = self.tl
         tick = tl.position if tl.position < tl.end else tl.end - 1
         node = tl.node_at(tick)
@@ -634,7 +679,8 @@ class Session:
             if loc is not None:
                 return Placement(name, (loc,))
         tensor = tl.physical.get(name) if name in tl.physical else tl.value(name)
-        return Placement(name, (tl.driver.locate(tensor),))
+        tiles = self._instructions.placement(name) if self._instructions is not None else []
+        return Placement(name, tuple(tl.driver.placement(name, tensor)) + tuple(tiles))
 
     def provenance(self, name: str, max_history: int = 64) -> dict:
         """Who wrote a value (last writer before the position), its write history, and its lineage."""
@@ -688,6 +734,52 @@ class Session:
     def _invalidate_conditions(self) -> None:
         for bp in self._all_breakpoints():
             bp.invalidate()
+
+    # -- instruction level (a chip whose nodes run as instruction streams: the sim chip) --------------
+    @property
+    def instruction(self) -> int:
+        """Steps of the current node's interleaving that have run (0 at a node boundary)."""
+        return self._instructions.step if self._instructions is not None else 0
+
+    def _cursor(self):
+        if self._instructions is None:
+            raise RewindError(f"driver {self.tl.driver.name} runs nodes, not instruction streams: "
+                              "instruction-level requests need a chip like sim")
+        return self._instructions
+
+    def disassemble(self, unit: int, tick: int | None = None) -> list[dict]:
+        """A unit's instructions in the node at `tick` (default: the current node), each with its source line."""
+        return self._cursor().disassemble(unit, tick)
+
+    def set_instruction_breakpoints(self, specs: Iterable[Mapping[str, Any]]) -> list[Breakpoint]:
+        """Replace the instruction breakpoints. Each spec: instructionReference (an address), offset?, hitCondition?."""
+        return self._cursor().set_breakpoints(specs)
+
+    def interleaving(self, tick: int | None = None):
+        """The recorded Schedule of the node at `tick` (default: the current one): the unit and instruction of
+        each of its steps, and the races and hang found there. The node runs first if it never did."""
+        tl = self.tl
+        sched = self._cursor().schedule(tl.position if tick is None else tick)
+        if sched is None:
+            raise RewindError(f"tick {tl.position if tick is None else tick} runs no node on the chip")
+        return sched
+
+    def unit_states(self) -> list:
+        """Every unit's next instruction or what it waits on, at the current step of the current node."""
+        cursor, tl = self._cursor(), self.tl
+        if tl.position >= tl.end or tl.node_at(tl.position) is None:
+            raise RewindError("no node is running here: step into one")
+        return cursor.chip().units()
+
+    def read_address(self, address: int, count: int) -> bytes:
+        """Bytes of chip memory at a physical address, as they are at the current position."""
+        return self._cursor().read(address, count)
+
+    def write_address(self, address: int, data: bytes) -> int:
+        """Write chip memory at a physical address: a recorded edit, undone by stepping back."""
+        tick = self._cursor().write(address, data)
+        self._invalidate_conditions()
+        return tick
 
     def read_memory(self, name: str, offset: int, count: int) -> bytes:
         self._require_value(name)

@@ -24,10 +24,11 @@ def program(path: str, entry: str = "build"):
 
 
 def open_session(path: Path, budget_mb: float = 256.0, every: int | None = None, events: list | None = None,
-                 entry: str = "build") -> Session:
+                 entry: str = "build", driver: str = "torch:cpu", **options) -> Session:
+    """A launched Session; `options` are further LaunchOptions (the sim chip's seed, schedule, faults)."""
     sink = events.append if events is not None else None
     session = Session(sink)
-    session.launch(LaunchOptions(str(path), entry=entry, driver="torch:cpu", budget_mb=budget_mb, every=every),
+    session.launch(LaunchOptions(str(path), entry=entry, driver=driver, budget_mb=budget_mb, every=every, **options),
                    program=program(str(path), entry))
     return session
 

@@ -1,0 +1,395 @@
+"""Positions inside nodes, for the Session on an InstructionDriver (the `sim` chip).
+
+The Timeline's position p is a node; inside it, the cursor's `step` k counts the steps of the
+node's recorded interleaving that have run. (p, 0) is the node boundary p; for a node that ran
+to completion (p, n) is (p + 1, 0), for a node that hung (p, n) is the hung state. Moving back
+is moving the cursor: the driver restores the node's start and replays its Schedule to k.
+
+Instruction breakpoints and the `race` and `hang` exception filters are answered from the
+recorded Schedules (which unit ran which instruction at each step), without replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+
+import numpy as np
+
+from hardware.breakpoints import Breakpoint
+from hardware.errors import RewindError
+from hardware.instructions import InstructionDriver, NodeSchedule, RaceReport
+from hardware.session import Direction, ExceptionDetails, FrameInfo, SessionEvent, Stop
+
+if TYPE_CHECKING:
+    from checkpoint.timeline import Timeline
+    from hardware.program import Node
+    from hardware.session import Session
+
+FORWARD = Direction.FORWARD
+Targets = Callable[[NodeSchedule | None], np.ndarray]  # positions k of a node a motion may stop at
+
+
+@dataclass
+class InstructionBreakpoint(Breakpoint):
+    node: int = -1
+    unit: int = -1
+    pc: int = -1
+
+
+class InstructionCursor:
+    def __init__(self, session: "Session"):
+        self.session = session
+        self._at: tuple[int, int, int] | None = None  # (tick, node index, step)
+        self.breakpoints: list[InstructionBreakpoint] = []
+
+    @property
+    def tl(self) -> "Timeline":
+        return self.session.tl
+
+    @property
+    def driver(self) -> InstructionDriver:
+        return self.tl.driver
+
+    # -- where we are ------------------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        """Steps of the current node that have run (0 at a node boundary, or after any node-level motion)."""
+        at, tl = self._at, self.tl
+        if at is None or at[0] != tl.position:
+            return 0
+        node = tl.node_at(at[0])
+        return at[2] if node is not None and node.index == at[1] else 0
+
+    def place(self, tick: int, step: int) -> None:
+        node = self.tl.node_at(tick)
+        self._at = (tick, node.index, step) if step and node is not None else None
+
+    def schedule(self, tick: int) -> NodeSchedule | None:
+        """The recorded Schedule of the node at `tick` (run first if it never ran); None for an edit step."""
+        node = self.tl.node_at(tick)
+        if node is None:
+            return None
+        self._ensure_run(tick)
+        return self.driver.schedule(node.index)
+
+    def _ensure_run(self, tick: int) -> None:
+        tl = self.tl
+        if tick >= tl.frontier:
+            here = tl.position
+            tl.seek(tick + 1)
+            tl.seek(here)
+
+    def _last(self, sched: NodeSchedule | None) -> int:
+        """The step index that is the next boundary: positions inside are 0 .. last - 1."""
+        return 1 if sched is None else sched.positions
+
+    def chip(self, tick: int | None = None, step: int | None = None):
+        """The chip inside the node at `tick` after `step` steps (default: the cursor's)."""
+        tl = self.tl
+        tick = tl.position if tick is None else tick
+        node = tl.node_at(tick)
+        if node is None:
+            raise RewindError(f"tick {tick} runs no node on the chip")
+        self._ensure_run(tick)
+        args, kwargs = node.bind(lambda n: tl.value(n, tick))
+        return self.driver.chip_at(node, args, kwargs, self.step if step is None else step)
+
+    # -- motion ---------------------------------------------------------------------------------------
+    def walk(self, direction: Direction, targets: Targets, reason: str = "step") -> Stop:
+        """Move to the nearest position in `direction` that `targets` names, unless an instruction
+        breakpoint or an exception filter stops the motion first."""
+        tl, session = self.tl, self.session
+        tick, k0, first = tl.position, self.step, True
+        forward = direction is FORWARD
+        while True:
+            if forward and tick >= tl.end:
+                return self._stop(Stop("end", tl.end, "end of program"), 0)
+            if not forward and tick < 0:
+                return self._stop(Stop("entry", 0, "beginning of the program"), 0)
+            sched = self.schedule(tick)
+            last = self._last(sched)
+            lo, hi = ((k0 if first else 0), last + 1) if forward else (-1, (k0 if first else last))
+            found = self._nearest(tick, sched, lo, hi, direction, targets(sched), reason)
+            if found is not None:
+                return self._stop(*found)
+            if session._pause.is_set():
+                return self._stop(Stop("pause", tick if forward else tick, "paused"), 0)
+            tick, first = tick + (1 if forward else -1), False
+
+    def _nearest(self, tick: int, sched: NodeSchedule | None, lo: int, hi: int, direction: Direction,
+                 targets: np.ndarray, reason: str) -> tuple[Stop, int] | None:
+        """The first position strictly between lo and hi (in direction order) where a target or a stop is."""
+        candidates = self.stops(tick, sched)
+        inside = targets[(targets > lo) & (targets < hi)]
+        if len(inside):
+            k = int(inside.min() if direction is FORWARD else inside.max())
+            candidates.setdefault(k, lambda: Stop(reason, tick, f"step {k} of tick {tick}"))
+        ks = [k for k in candidates if lo < k < hi]
+        if not ks:
+            return None
+        k = min(ks) if direction is FORWARD else max(ks)
+        stop = candidates[k]()
+        last = self._last(sched)
+        if k >= last:  # the node's end is the next node's boundary
+            return _at(stop, tick + 1), 0
+        return stop, k
+
+    def _stop(self, stop: Stop, step: int) -> Stop:
+        self.tl.seek(stop.tick)
+        stop.instruction = step
+        return self.session._stopped(stop)
+
+    def crossing(self, tick: int, lo: int, hi: int | None, direction: Direction) -> Stop | None:
+        """For the Session's node-level motions: the first instruction-level stop strictly inside (lo, hi)
+        of the node at `tick` (hi None: up to and including its end). Sets the cursor when found."""
+        if not 0 <= tick < self.tl.end or self.tl.node_at(tick) is None:
+            return None
+        if not self.breakpoints and not ({"race", "hang"} & self.session.exception_filters):
+            return None
+        sched = self.schedule(tick)
+        hi = self._last(sched) + 1 if hi is None else hi
+        found = self._nearest(tick, sched, lo, hi, direction, np.zeros(0, np.int64), "step")
+        if found is None:
+            return None
+        stop, step = found
+        self.place(stop.tick, step)
+        stop.instruction = step
+        return stop
+
+    def step_instruction(self, direction: Direction, unit: int | None, single_thread: bool) -> Stop:
+        """One step of the interleaving; of `unit` (the others run as recorded); or of `unit` alone."""
+        if unit is None or unit == 0:
+            return self.walk(direction, _every)
+        if single_thread and direction is FORWARD:
+            self._force(unit)
+
+        def of_unit(sched: NodeSchedule | None) -> np.ndarray:
+            if sched is None:
+                return np.zeros(0, np.int64)
+            steps = np.flatnonzero(sched.units == unit)
+            return steps + 1 if direction is FORWARD else steps
+
+        return self.walk(direction, of_unit)
+
+    def _force(self, unit: int) -> None:
+        """Make `unit` take the next step of the current node: its interleaving is rewritten from here."""
+        tl, tick, k = self.tl, self.tl.position, self.step
+        sched = self.schedule(tick)
+        if sched is None or k >= len(sched) or int(sched.units[k]) == unit:
+            return
+        name = tl.unit_name(unit)
+        state = next(u for u in self.chip(tick, k).units() if u.unit == unit)
+        if state.status not in ("ready", "busy"):
+            raise RewindError(f"{name} cannot step alone at step {k} of tick {tick}: {state.detail}")
+        node = tl.node_at(tick)
+        edits = self.driver.edits(node.index)
+        tl.forget_from(tick)
+        self.driver.rewrite(node.index, [int(u) for u in sched.units[:k]] + [unit], edits)
+        self._ensure_run(tick)
+        self.place(tick, k)
+        self.session.on_event(SessionEvent("output", {"category": "important", "text": (
+            f"{name} stepped alone at step {k} of '{node.name}': the node's interleaving changed there, "
+            "so its recorded future is forgotten and runs again\n")}))
+
+    # -- instruction breakpoints and exception filters --------------------------------------------------
+    def stops(self, tick: int, sched: NodeSchedule | None) -> dict[int, Callable[[], Stop]]:
+        """Every instruction-level stop inside the node at `tick`, by step (made when chosen)."""
+        out: dict[int, Callable[[], Stop]] = {}
+        if sched is None:
+            return out
+        node = self.tl.node_at(tick)
+        if sched.hang is not None and "hang" in self.session.exception_filters:
+            out[sched.hang.step] = lambda: self._hang_stop(tick, node, sched)
+        if "race" in self.session.exception_filters:
+            for race in reversed(sched.races):
+                out[race.second_step + 1] = lambda race=race: self._race_stop(tick, node, race)
+        hits: dict[int, list[InstructionBreakpoint]] = {}
+        for bp in self.breakpoints:
+            if bp.verified and bp.node == node.index:
+                for k in _hits(bp, sched):
+                    hits.setdefault(k, []).append(bp)
+        for k, bps in hits.items():
+            out[k] = lambda bps=bps: Stop("instruction breakpoint", tick, ", ".join(
+                f"instruction breakpoint {bp.id} at {bp.spec}" for bp in bps), [bp.id for bp in bps], unit=bps[0].unit)
+        return out
+
+    def set_breakpoints(self, specs: Iterable[Mapping[str, Any]]) -> list[Breakpoint]:
+        """Each spec: instructionReference (a code address from disassemble), offset?, hitCondition?."""
+        out = []
+        for spec in specs:
+            ref = spec.get("instructionReference", "")
+            bp = InstructionBreakpoint(self.session._next_bp_id, "instruction", str(ref), None,
+                                       spec.get("hitCondition"))
+            self.session._next_bp_id += 1
+            self.session._validate(bp)
+            self._bind(bp, ref, spec)
+            out.append(bp)
+        self.breakpoints = out
+        return out
+
+    def _bind(self, bp: InstructionBreakpoint, ref: Any, spec: Mapping[str, Any]) -> None:
+        if spec.get("condition"):
+            bp.verified, bp.message = False, "instruction breakpoints take a hit condition, not a condition"
+            return
+        try:
+            address = int(str(ref), 0) + int(spec.get("offset") or 0)
+        except ValueError:
+            bp.verified, bp.message = False, f"'{ref}' is not an instruction address (use one from disassemble)"
+            return
+        where = self.driver.instruction_at(address)
+        if where is None:
+            bp.verified, bp.message = False, f"no instruction at {address:#x}"
+            return
+        bp.node, bp.unit, bp.pc = where
+        bp.spec = f"{address:#x}"
+        node = self.tl.program.nodes[bp.node]
+        bp.file, bp.line = (node.loc.file, node.loc.line) if node.loc else (None, None)
+
+    # -- findings ----------------------------------------------------------------------------------
+    def _instruction(self, node: "Node", unit: int, pc: int) -> dict:
+        infos = {i.pc: i for i in self.driver.disassemble(node.index, unit)}
+        info = infos.get(pc)
+        name = self.tl.unit_name(unit)
+        return {"unit": name, "pc": pc, "address": f"{info.address:#x}" if info else None,
+                "instruction": info.text if info else "?"}
+
+    def _race_stop(self, tick: int, node: "Node", race: RaceReport) -> Stop:
+        first = self._instruction(node, race.first_unit, race.first_pc) | {"step": race.first_step}
+        second = self._instruction(node, race.second_unit, race.second_pc) | {"step": race.second_step}
+        span = f"[{race.address:#x}, {race.address + race.nbytes:#x})"
+        message = (f"race on '{race.tensor}' {span} in {race.space} ({race.kind}): {first['unit']} "
+                   f"`{first['instruction'].split()[0]}` at step {race.first_step} and {second['unit']} "
+                   f"`{second['instruction'].split()[0]}` at step {race.second_step} are not ordered by any barrier, "
+                   f"semaphore or DMA wait, in node '{node.name}'" + (f" at {node.loc}" if node.loc else ""))
+        detail = {"node": node.name, "tensor": race.tensor, "space": race.space, "kind": race.kind,
+                  "addressRange": [f"{race.address:#x}", f"{race.address + race.nbytes:#x}"],
+                  "units": [first["unit"], second["unit"]], "instructions": [first, second]}
+        return self._exception(tick, node, "race", message, detail, race.tensor, race.nbytes, race.second_unit)
+
+    def _hang_stop(self, tick: int, node: "Node", sched: NodeSchedule) -> Stop:
+        hang = sched.hang
+        name = self.tl.unit_name
+        graph = [{"unit": name(w.unit), "waitsOn": w.what, "since": w.since, "detail": w.detail,
+                  "waitingFor": [name(u) for u in w.waiting_for]} for w in hang.waits]
+        shown = "; ".join(f"{g['unit']} {g['detail']} (since step {g['since']})" for g in graph[:4])
+        more = f"; and {len(graph) - 4} more" if len(graph) > 4 else ""
+        message = (f"hang in node '{node.name}'" + (f" at {node.loc}" if node.loc else "") +
+                   f": every live unit is blocked after step {hang.step}: {shown}{more}")
+        detail = {"node": node.name, "step": hang.step, "lastProgress": hang.step - 1, "waitFor": graph}
+        first = hang.waits[0].unit if hang.waits else None
+        return self._exception(tick, node, "hang", message, detail, node.outputs[0], len(graph), first)
+
+    def _exception(self, tick: int, node: "Node", filt: str, message: str, detail: dict, value: str, count: int,
+                   unit: int | None) -> Stop:
+        details = ExceptionDetails(filt, node.name, node.op, str(node.loc) if node.loc else None, value, count, None,
+                                   {}, evidence=detail | {"message": message})
+        return Stop("exception", tick, message, exception=details, unit=unit)
+
+    # -- inspection -----------------------------------------------------------------------------------
+    def disassemble(self, unit: int, tick: int | None = None) -> list[dict]:
+        """A unit's instruction stream in the node at `tick` (default: the current one), with source lines."""
+        tl = self.tl
+        tick = min(tl.position, tl.end - 1) if tick is None else tick
+        node = tl.node_at(tick)
+        if node is None:
+            raise RewindError(f"tick {tick} runs no node")
+        if not 0 < unit < len(tl.unit_names):
+            raise RewindError(f"no unit {unit}: the chip's units are 1..{len(tl.unit_names) - 1}")
+        current = self._pc(unit) if tick == tl.position else None
+        source = {"file": node.loc.file, "line": node.loc.line} if node.loc else None
+        return [{"address": f"{i.address:#x}", "instruction": i.text, "pc": i.pc, "node": node.name,
+                 "tick": tick, "source": source, "current": i.pc == current}
+                for i in self.driver.disassemble(node.index, unit)]
+
+    def _pc(self, unit: int) -> int | None:
+        tl = self.tl
+        if tl.position >= tl.end or tl.node_at(tl.position) is None:
+            return None
+        return next((u.pc for u in self.chip().units() if u.unit == unit), None)
+
+    def unit_frame(self, unit: int, node_frames: list[FrameInfo]) -> list[FrameInfo]:
+        """A unit's stack: its next instruction (at its node's source line), then the node's frames."""
+        tl = self.tl
+        if unit == 0 or tl.position >= tl.end or tl.node_at(tl.position) is None:
+            return node_frames
+        node = tl.node_at(tl.position)
+        state = next(u for u in self.chip().units() if u.unit == unit)
+        name = tl.unit_name(unit)
+        label = f"{name}: {state.status}" if state.pc is None else f"{name} pc {state.pc}: {state.detail}"
+        ip = self.driver.disassemble(node.index, unit)
+        address = next((i.address for i in ip if i.pc == state.pc), None)
+        file, line = (node.loc.file, node.loc.line) if node.loc else (None, None)
+        top = FrameInfo(0, label, file, line, node.module_path, instruction_pointer=address)
+        return [top] + [FrameInfo(f.id + 1, f.name, f.file, f.line, f.module_path) for f in node_frames]
+
+    # -- memory by physical address ------------------------------------------------------------------
+    def read(self, address: int, count: int) -> bytes:
+        out = bytearray()
+        end = address + count
+        while address < end:
+            chunk = self._read_region(address, end - address)
+            out += chunk
+            address += len(chunk)
+        return bytes(out)
+
+    def _read_region(self, address: int, count: int) -> bytes:
+        tl = self.tl
+        tick = tl.position
+        node = tl.node_at(tick) if tick < tl.end else None
+        region = self.driver.region(address, node.index if node else None)
+        if region is None:
+            raise RewindError(f"no memory is mapped at {address:#x}")
+        count = max(1, min(count, region.start + region.nbytes - address))
+        inside = node is not None and self.step > 0 and self.chip().touches(address)
+        if inside:
+            return self.chip().read(address, count)
+        if region.value is not None and tl.version_at(region.value, tick) is not None:
+            return tl.driver.read(tl.value(region.value, tick), address - region.start, count)
+        return self.driver.memory_before(node.index if node else len(tl.program.nodes), address, count)
+
+    def write(self, address: int, data: bytes) -> int:
+        """A write into chip memory at the position: a value edit at a node boundary, else an edit of the
+        node's run (applied before the current step when it replays). Returns the tick."""
+        tl, session = self.tl, self.session
+        tick = tl.position
+        node = tl.node_at(tick) if tick < tl.end else None
+        region = self.driver.region(address, node.index if node else None)
+        if region is None or address + len(data) > region.start + region.nbytes:
+            raise RewindError(f"a write of {len(data)} bytes at {address:#x} must lie inside one buffer"
+                              + (f" ({region.label}: {region.start:#x}+{region.nbytes})" if region else ""))
+        k = self.step
+        if region.value is not None and k == 0 and tl.version_at(region.value, tick) is not None:
+            return session.write_memory(region.value, address - region.start, data)
+        if node is None or not self.chip().touches(address):
+            raise RewindError(f"{address:#x} ({region.label or region.space}) is not memory the node at tick {tick} "
+                              "uses: writing it would change nothing")
+        sched = self.schedule(tick)
+        edits = self.driver.edits(node.index) + [(k, address, bytes(data))]
+        tl.forget_from(tick)
+        self.driver.rewrite(node.index, [int(u) for u in sched.units[:k]], edits)
+        self._ensure_run(tick)
+        self.place(tick, k)
+        return tick
+
+    def placement(self, value: str) -> list:
+        tl = self.tl
+        if self.step == 0 or tl.node_at(tl.position) is None:
+            return []
+        return self.chip().placement(value)
+
+
+def _hits(bp: InstructionBreakpoint, sched: NodeSchedule) -> list[int]:
+    """Steps that execute the breakpoint's instruction (an instruction belongs to one node, which runs once:
+    its hits are counted within that node)."""
+    steps = np.flatnonzero((sched.units == bp.unit) & (sched.pcs == bp.pc))
+    return [int(s) for i, s in enumerate(steps) if bp.accepts_hits(i + 1)]
+
+
+def _every(sched: NodeSchedule | None) -> np.ndarray:
+    return np.arange(1 if sched is None else sched.positions + 1)
+
+
+def _at(stop: Stop, tick: int) -> Stop:
+    stop.tick = tick
+    return stop
