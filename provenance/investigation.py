@@ -97,7 +97,7 @@ def _finding(title: str, found: Finding, sources: dict[str, str]) -> list[str]:
                    f"({'within' if found.introduced.within else 'beyond'})")
     if found.match:
         m = found.match
-        out += [f"  pattern: {m.pattern.name} ({m.pattern.title})", f"    {m.reason}", f"  fix: {m.pattern.fix}"]
+        out += [f"  pattern: {m.pattern.title} [{m.pattern.name}]", f"    {m.reason}", f"  fix: {m.pattern.fix}"]
     else:
         out.append("  pattern: none of the known failure patterns matches")
     return out
@@ -131,7 +131,7 @@ def _comparison(c: Comparison) -> str:
 
 def _stats(s: dict) -> str:
     bad = "".join(f", {s[k]} {k.upper() if k == 'nan' else 'Inf'}" for k in ("nan", "inf") if s.get(k))
-    return f"min {s['min']:.4g}, max {s['max']:.4g}, mean {s['mean']:.4g}{bad}"
+    return f"min {s['min']:.7g}, max {s['max']:.7g}, mean {s['mean']:.7g}{bad}"
 
 
 def _ratio(x: float | str) -> str:

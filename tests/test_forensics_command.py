@@ -49,7 +49,7 @@ def test_human_report_shows_the_source_line_evidence_pattern_and_fix(capsys):
     status, out, _ = forensics(capsys, FORENSICS / "softmax_overflow.py")
     assert status == 1
     assert f"softmax_overflow.py:{PLANTED[0].line('# BUG')}    weights = torch.exp(scores)" in out
-    assert "pattern: exp-overflow" in out and "fix: subtract the row max" in out
+    assert "[exp-overflow]" in out and "fix: subtract the row max" in out
     assert "input matmul: min" in out and "error growth downstream" in out
     assert "Precision ablation" in out and "brings the outputs within tolerance" in out
     assert out.rstrip().endswith("Verdict: problem found")
