@@ -209,3 +209,11 @@ def test_a_branch_runs_patched_nodes_wider_and_casts_back_for_the_others():
     assert tl.value("exp").dtype == torch.float16
     with pytest.raises(RewindError, match="innermost first"):
         tl.unbranch(branch)
+
+
+def test_forensics_runs_on_the_sim_chip_against_the_float64_reference():
+    session = open_session(FORENSICS / "sqrt_domain.py", driver="sim")
+    session.set_exception_filters({"nan"})
+    stop = session.start()
+    assert stop.exception.node == "sqrt" and stop.exception.evidence["pattern"]["pattern"] == "outside-domain"
+    assert session.forensics.first_divergence().node.name == "sub"

@@ -212,6 +212,16 @@ class SimDriver(Driver, InstructionDriver):
     def clone(self, tensor: Any) -> Any:
         return self.host.clone(tensor)
 
+    # Values are host tensors: forensics compares them with a reference as they are.
+    def to_host(self, tensor: Any) -> Any:
+        return self.host.to_host(tensor)
+
+    def from_host(self, tensor: Any) -> Any:
+        return self.host.from_host(tensor)
+
+    def cast(self, tensor: Any, dtype: str) -> Any:
+        return self.host.cast(tensor, dtype)
+
     # -- instruction level -------------------------------------------------------------------------------
     def schedule(self, node: int) -> NodeSchedule | None:
         record = self.records.get(node)
