@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo venv bench clean
+.PHONY: test extension demo venv bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -17,6 +17,13 @@ venv: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
+	$(MAKE) --no-print-directory extension
+
+# The VS Code extension: build, unit and integration tests (real adapter, real chromium), .vsix.
+extension: $(STAMP)
+	vscode-extension/scripts/ensure-chromium.sh
+	cd vscode-extension && npm ci --no-audit --no-fund --loglevel=error && npx tsc -p . && \
+		REWIND_PYTHON=$(abspath $(BIN))/python node --test out/test/*.test.js && npm run --silent package
 
 demo: $(STAMP)
 	$(BIN)/rewind debug examples/gpt.py -x examples/demo.rewind

@@ -1,0 +1,166 @@
+// The Rewind commands: what each asks the adapter, from what the user pointed at, and a plain-text
+// report of the answers for the Rewind output channel.
+
+import { DebugClient, ValueRef } from './dap';
+import { Location } from './tensorData';
+import { formatBytes, TickEntry } from './timelineModel';
+
+export const SHOW_TENSOR = 'rewind.showTensor';
+export const TIMELINE_REFRESH = 'rewind.timeline.refresh';
+export const TIMELINE_GO = 'rewind.timeline.go';
+
+export interface CommandContext {
+  value?: ValueRef; // a variable or a typed name
+  path?: string; // where to save a trace
+  line?: { file: string; line: number }; // an editor line (1-based)
+}
+
+export interface Command {
+  needs?: keyof CommandContext;
+  run(client: DebugClient, ctx: CommandContext): Promise<string>;
+}
+
+export const COMMANDS: Record<string, Command> = {
+  'rewind.locateTensor': {
+    needs: 'value',
+    run: async (client, ctx) => reportPlacement(await client.customRequest('locate', ctx.value)),
+  },
+  'rewind.showProvenance': {
+    needs: 'value',
+    run: async (client, ctx) => reportProvenance(await client.customRequest('provenance', ctx.value)),
+  },
+  'rewind.compareWithReference': {
+    run: async (client) =>
+      reportComparison(await client.customRequest('compareWithReference', {}), await client.customRequest('firstDivergence', {})),
+  },
+  'rewind.saveTrace': {
+    needs: 'path',
+    run: async (client, ctx) => reportTrace(await client.customRequest('saveTrace', { path: ctx.path })),
+  },
+  'rewind.ablatePrecision': {
+    needs: 'line',
+    run: async (client, ctx) => {
+      const nodes = await nodesAtLine(client, ctx.line!.file, ctx.line!.line);
+      return reportAblation((await client.customRequest('ablatePrecision', { nodes })).ablation);
+    },
+  },
+};
+
+const NEEDS: Record<keyof CommandContext, string> = {
+  value: 'a tensor: run it on a variable, or type a name',
+  path: 'a file to save the trace to',
+  line: 'an editor line of the program',
+};
+
+/** Run a Rewind command; its report. An error names what the command is missing. */
+export async function runCommand(client: DebugClient, id: string, ctx: CommandContext): Promise<string> {
+  const command = COMMANDS[id];
+  if (!command) {
+    throw new Error(`'${id}' is not a Rewind command that calls the adapter`);
+  }
+  if (command.needs && ctx[command.needs] === undefined) {
+    throw new Error(`${id} needs ${NEEDS[command.needs]}`);
+  }
+  return command.run(client, ctx);
+}
+
+/** The nodes the line's first run executes itself (its innermost frame is the line). The adapter's
+ * gotoTargets says where the line runs (tick + 1, at the line it binds to) or why it never does. */
+export async function nodesAtLine(client: DebugClient, file: string, line: number): Promise<string[]> {
+  const { targets } = await client.customRequest('gotoTargets', { source: { path: file }, line });
+  const [first] = targets as { id: number; line: number }[];
+  const { ticks }: { ticks: TickEntry[] } = await client.customRequest('timeline', { start: first.id - 1, count: 1000 });
+  const here = (t: TickEntry) => t.node !== null && t.source?.file === file && t.source.line === first.line;
+  const end = ticks.findIndex((t) => !here(t));
+  const run = end < 0 ? ticks : ticks.slice(0, end);
+  if (!run.length) {
+    throw new Error(`${file}:${first.line} runs no node itself (it calls others): ablate a line inside the callee`);
+  }
+  return run.map((t) => t.node as string);
+}
+
+export function describeLocation(loc: Location): string {
+  const strides = loc.strides.length ? ` strides [${loc.strides.join(', ')}]` : '';
+  return `${loc.chip} · ${loc.space} · 0x${loc.address.toString(16)} · ${formatBytes(loc.nbytes)} · ` +
+    `${loc.dtype}[${loc.shape.join(', ')}]${strides} · unit ${loc.unit}`;
+}
+
+function reportPlacement(body: { value: string; shards: Location[] }): string {
+  const shards = body.shards.map((s, i) => `  ${body.shards.length > 1 ? `shard ${i}: ` : ''}${describeLocation(s)}`);
+  return [`${body.value} lives at`, ...shards].join('\n');
+}
+
+interface Write {
+  tick: number;
+  unit: string;
+  node: string | null;
+  op: string | null;
+  kind: string;
+  source: { file: string; line: number } | null;
+  stats: { min: number; max: number; mean: number; nan: number; inf: number };
+}
+
+function describeWrite(w: Write): string {
+  const where = w.source ? ` at ${w.source.file}:${w.source.line}` : '';
+  const bad = w.stats.nan || w.stats.inf ? ` · ${w.stats.nan} NaN · ${w.stats.inf} Inf` : '';
+  return `tick ${w.tick}: ${w.op ?? 'user edit'} '${w.node ?? '-'}' (${w.kind}, unit ${w.unit})${where} · ` +
+    `min ${w.stats.min} · max ${w.stats.max}${bad}`;
+}
+
+function reportProvenance(body: any): string {
+  const lines = [`${body.value}: ${body.kind} ${body.dtype}[${body.shape.join(', ')}]`];
+  lines.push(body.lastWriter ? `  last written ${describeWrite(body.lastWriter)}` : '  not written before this tick');
+  lines.push(`  writes (${body.history.length}):`, ...body.history.map((w: Write) => `    ${describeWrite(w)}`));
+  const nodes = body.lineage.nodes.map((n: { name: string; op: string }) => `${n.name} (${n.op})`);
+  lines.push(`  computed from ${nodes.length} nodes: ${nodes.join(' ← ')}`, `  roots: ${body.lineage.roots.join(', ')}`);
+  return lines.join('\n');
+}
+
+interface Comparison {
+  value: string;
+  dtype: string;
+  error: number | string; // the worst element's error in units of its tolerance ("inf" in JSON)
+  maxAbs: number | string;
+  mismatches: number;
+  within: boolean;
+}
+
+const MAX_ROWS_REPORTED = 10;
+
+/** The comparison of a value, naming it unless `node` (its writer) has the same name. */
+function describeComparison(c: Comparison, node?: string | null): string {
+  return `${c.value === node ? '' : `${c.value} `}(${c.dtype}): ` +
+    `${c.within ? 'within tolerance' : `${c.mismatches} elements beyond tolerance`}, ` +
+    `worst ${number(c.error)}× tolerance, max |error| ${number(c.maxAbs)}`;
+}
+
+function reportComparison(table: { reference: string; rows: (Comparison & TickEntry)[]; outputs: Comparison[] },
+  first: { divergence: any }): string {
+  const beyond = table.rows.filter((r) => !r.within).sort((a, b) => Number(b.error) - Number(a.error));
+  const lines = [`against the reference ${table.reference}:`, '  outputs:', ...table.outputs.map((c) => `    ${describeComparison(c)}`)];
+  lines.push(`  ${beyond.length} of ${table.rows.length} node outputs beyond tolerance${beyond.length ? ', worst first:' : ''}`);
+  lines.push(...beyond.slice(0, MAX_ROWS_REPORTED).map((r) => `    tick ${r.tick} ${r.node} (${r.op}) at ${r.source} ${describeComparison(r, r.node)}`));
+  const d = first.divergence;
+  if (d) {
+    lines.push(`  first divergence: tick ${d.tick} ${d.node} (${d.op}) at ${d.source.file}:${d.source.line} ${describeComparison(d.observed, d.node)}`);
+    if (d.pattern) {
+      lines.push(`    ${d.pattern.title}: ${d.pattern.reason}`, `    fix: ${d.pattern.fix}`);
+    }
+  }
+  return lines.join('\n');
+}
+
+function reportTrace(body: { path: string; bytes: number; ticks: number }): string {
+  return `saved ${body.ticks} ticks to ${body.path} (${formatBytes(body.bytes)})`;
+}
+
+function reportAblation(a: { nodes: { node: string; dtype: string }[]; before: Comparison[]; after: Comparison[]; fixed: boolean }): string {
+  const nodes = a.nodes.map((n) => `${n.node} in ${n.dtype}`).join(', ');
+  const lines = [`ran ${nodes}: the outputs are ${a.fixed ? 'within tolerance' : 'still beyond tolerance'}`];
+  a.before.forEach((b, i) => lines.push(`  ${b.value}: ${number(b.error)}× tolerance before, ${number(a.after[i].error)}× after`));
+  return lines.join('\n');
+}
+
+function number(x: number | string): string {
+  return typeof x === 'number' ? x.toPrecision(3) : x;
+}

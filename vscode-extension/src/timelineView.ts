@@ -1,0 +1,45 @@
+// VS Code glue for the Rewind Timeline tree view; the tree itself is timelineModel.ts.
+
+import * as vscode from 'vscode';
+import { TIMELINE_GO } from './commands';
+import { DEBUG_TYPE } from './debugSetup';
+import { loadTimeline, runAction } from './dap';
+import { Action, TimelineItem } from './timelineModel';
+
+export class TimelineView implements vscode.TreeDataProvider<TimelineItem> {
+  private items: TimelineItem[] = [];
+  private readonly changed = new vscode.EventEmitter<void>();
+  readonly onDidChangeTreeData = this.changed.event;
+
+  /** Show the session's timeline (or nothing, without a Rewind session); returns its position. */
+  async refresh(session = vscode.debug.activeDebugSession): Promise<number | undefined> {
+    const loaded = session?.type === DEBUG_TYPE ? await loadTimeline(session) : undefined;
+    this.items = loaded?.items ?? [];
+    this.changed.fire();
+    return loaded?.position;
+  }
+
+  async go(action: Action): Promise<void> {
+    const session = vscode.debug.activeDebugSession;
+    if (session?.type === DEBUG_TYPE) {
+      await runAction(session, action);
+    }
+  }
+
+  getChildren(item?: TimelineItem): TimelineItem[] {
+    return item ? item.children ?? [] : this.items;
+  }
+
+  getTreeItem(item: TimelineItem): vscode.TreeItem {
+    const state = item.children ? vscode.TreeItemCollapsibleState.Expanded : vscode.TreeItemCollapsibleState.None;
+    const tree = new vscode.TreeItem(item.label, state);
+    tree.id = item.id;
+    tree.description = item.description;
+    tree.tooltip = item.tooltip;
+    tree.iconPath = item.current ? new vscode.ThemeIcon('debug-stackframe') : undefined;
+    if (item.action) {
+      tree.command = { command: TIMELINE_GO, title: item.tooltip ?? item.label, arguments: [item.action] };
+    }
+    return tree;
+  }
+}
