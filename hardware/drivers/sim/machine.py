@@ -95,6 +95,7 @@ class NodeRun:
         cores, agents = config.cores, config.agents
         self.pc = [0] * cores
         self.halted = [not stream for stream in kernel.programs]
+        self._live = [c for c in range(cores) if not self.halted[c]]  # cores that have not halted
         self.at_barrier: list[int | None] = [None] * cores
         self.since = [0] * cores  # the step at which each core reached its current instruction
         self.queues: list[deque[Transfer]] = [deque() for _ in range(cores)]
@@ -124,11 +125,11 @@ class NodeRun:
 
     def runnable(self) -> list[int]:
         cores = self.config.cores
-        out = [c for c in range(cores) if self._core_can_run(c)]
-        return out + [cores + c for c in range(cores) if self.queues[c]]
+        out = [c for c in self._live if self._core_can_run(c)]
+        return out + [cores + c for c, queue in enumerate(self.queues) if queue]
 
     def _core_can_run(self, core: int) -> bool:
-        if self.halted[core] or self.at_barrier[core] is not None:
+        if self.at_barrier[core] is not None:
             return False
         ins = self.kernel.programs[core][self.pc[core]]
         if ins.op == "dma.wait":
@@ -137,17 +138,14 @@ class NodeRun:
             return self.sem_count[ins.tag] > 0
         return True
 
-    def step(self, agent: int | None = None) -> int:
-        """Run one step (of `agent`, or of the unit the schedule picks). Returns the unit that ran."""
+    def step(self) -> int | None:
+        """Run one step of the unit the schedule picks; None when no unit can run (finished, or hung)."""
         runnable = self.runnable()
         if not runnable:
-            raise RewindError("no unit can run: the node is finished or hung")
+            return None
         k = self.step_count
         self._apply_edits()
-        if agent is None:
-            agent = self.scheduler.choose(k, runnable)
-        elif agent not in runnable:
-            raise RewindError(f"{self.config.agent_name(agent)} cannot run at step {k}: {self.why_blocked(agent)}")
+        agent = self.scheduler.choose(k, runnable)
         self.clocks[agent, agent] += 1
         cores = self.config.cores
         pc = self._core_step(agent, k) if agent < cores else self._dma_step(agent - cores, k)
@@ -158,8 +156,8 @@ class NodeRun:
     def run(self, steps: int | None = None) -> None:
         """Run until finished, hung, or `steps` more steps have run."""
         target = None if steps is None else self.step_count + steps
-        while (target is None or self.step_count < target) and self.runnable():
-            self.step()
+        while (target is None or self.step_count < target) and self.step() is not None:
+            pass
         self._apply_edits()
 
     def _apply_edits(self) -> None:
@@ -211,6 +209,7 @@ class NodeRun:
 
     def _halt(self, core: int, ins: Instr, k: int) -> None:
         self.halted[core] = True
+        self._live.remove(core)
 
     def _compute(self, core: int, ins: Instr, k: int) -> None:
         sources = [self._read(core, s, k) if isinstance(s, Buffer) else s for s in ins.srcs]
@@ -292,15 +291,6 @@ class NodeRun:
         ins.dst.flat[:] = table.buffer.flat[index]
 
     # -- what blocks whom ---------------------------------------------------------------------------
-    def why_blocked(self, agent: int) -> str:
-        cores = self.config.cores
-        if agent >= cores:
-            return "its DMA queue is empty"
-        if self.halted[agent]:
-            return "it has halted"
-        wait = self.wait_of(agent)
-        return wait.detail if wait else "it can run"
-
     def wait_of(self, core: int) -> Wait | None:
         if self.halted[core]:
             return None
