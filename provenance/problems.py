@@ -1,10 +1,10 @@
 """Problems: every finding of a run, each as an editor shows it — the node (and so the source lines),
 how severe, and one message naming the node, the values and the failure pattern.
 
-A collector reads a Session and returns Problems; `collect` runs them all. The numerical ones
-come from provenance/forensics.py (first NaN/Inf, first divergence from the reference), the
-non-determinism from a replay of the recorded run. A new kind (race, hang) is one more
-collector in COLLECTORS.
+A collector reads a Session and returns Problems; `collect` runs them all. Races and hangs
+come from the recorded schedules of a many-unit chip, the numerical ones from
+provenance/forensics.py (first NaN/Inf, first divergence from the reference), non-determinism
+from a replay of the recorded run. A new kind is one more collector in COLLECTORS.
 """
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ from typing import Callable, Iterable
 
 import torch
 
-from hardware.program import Frame, Node
+from hardware.instructions import InstructionDriver
+from hardware.program import Frame
 from hardware.session import Session
 from provenance.forensics import Finding
 
 
 @dataclass(frozen=True)
 class Problem:
-    kind: str  # "nan", "inf", "divergence", "nondeterminism" (later "race", "hang")
+    kind: str  # "race", "hang", "nan", "inf", "divergence", "nondeterminism"
     severity: str  # "error", "warning", "information"
     message: str
     tick: int
@@ -76,9 +77,29 @@ def nondeterminism(session: Session) -> Iterable[Problem]:
                       "(random numbers, atomics or a race)", found.tick, node.name, node.frames)
 
 
+def races_and_hangs(session: Session) -> Iterable[Problem]:
+    """The first race or the hang of each node on a many-unit chip (the sim driver), where the race and
+    hang exception filters stop in the recorded schedules. None on a chip that runs whole nodes."""
+    if not isinstance(session.tl.driver, InstructionDriver):
+        return []
+    filters, position, found = set(session.exception_filters), session.position, []
+    session.set_exception_filters({"race", "hang"})
+    try:
+        session.goto(0)
+        while (stop := session.run()).reason == "exception":
+            details, node = stop.exception, session.tl.node_at(stop.tick)
+            found.append(Problem(details.filter, "error", details.evidence["message"], stop.tick, node.name,
+                                 node.frames))
+            session.goto(stop.tick + 1)  # the next node: one problem per node
+    finally:
+        session.set_exception_filters(filters)
+        session.goto(position)
+    return found
+
+
 # Most specific first: a node gets the first problem found at it (a NaN is also a divergence; a
-# non-deterministic op also leaves its reference).
-COLLECTORS: list[Collector] = [first_nonfinite, nondeterminism, first_divergence]
+# non-deterministic op also leaves its reference; a race makes both).
+COLLECTORS: list[Collector] = [races_and_hangs, first_nonfinite, nondeterminism, first_divergence]
 
 
 def collect(session: Session, collectors: Iterable[Collector] = COLLECTORS) -> list[Problem]:

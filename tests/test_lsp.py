@@ -20,6 +20,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 NONFINITE = MODELS / "nonfinite.py"
 NOISY = EXAMPLES / "noisy.py"
 MLP = EXAMPLES / "mlp.py"
+GPT = EXAMPLES / "gpt.py"
 CANCELLATION = MODELS / "forensics" / "cancellation.py"
 WAIT_S = 120  # exporting and running a small model takes seconds; this only bounds a hang
 
@@ -149,6 +150,16 @@ async def test_the_first_divergence_from_the_given_reference_is_an_error_at_its_
     assert diag.range.start.line + 1 == line_of(CANCELLATION, "bend = 1 - torch.cos(angle)")
     assert "first divergence from the reference (torch:cpu:float64): aten.rsub.Scalar 'rsub'" in diag.message
     assert "catastrophic cancellation" in diag.message
+
+
+async def test_a_hang_on_the_sim_chip_is_an_error_at_the_line_of_the_hung_node(stdio_client):
+    faults = [{"kind": "miscount_barrier", "node": "softmax_1"}]
+    await stdio_client.command("rewind.analyse", {"program": str(GPT), "driver": "sim", "faults": faults})
+    (diag,) = await stdio_client.diagnostics(GPT)
+    assert diag.code == "hang" and diag.range.start.line + 1 == line_of(GPT, "weights = torch.softmax(scores")
+    assert diag.message.startswith("hang in node 'softmax_1'") and "barrier 0" in diag.message
+    assert [r.message for r in diag.related_information] == ["called from Block.forward [blocks.1]",
+                                                             "called from GPT.forward [<root>]"]
 
 
 async def test_a_trace_is_analysed_without_running_the_program(stdio_client, tmp_path_factory):

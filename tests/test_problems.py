@@ -6,6 +6,7 @@ from __future__ import annotations
 from provenance.problems import collect
 from tests.conftest import EXAMPLES, MODELS, line_of, open_session
 
+GPT = EXAMPLES / "gpt.py"
 NONFINITE = MODELS / "nonfinite.py"
 CANCELLATION = MODELS / "forensics" / "cancellation.py"
 
@@ -46,4 +47,22 @@ def test_a_random_op_is_reported_as_nondeterminism_not_also_as_a_divergence():
 
 
 def test_an_attention_mask_filled_with_minus_inf_is_not_a_problem():
-    assert _problems(EXAMPLES / "gpt.py") == []
+    assert _problems(GPT) == []
+
+
+def test_a_dropped_barrier_is_a_race_at_the_line_of_the_node_naming_both_accesses():
+    faults = [{"kind": "drop_barrier", "node": "layer_norm_1", "unit": "core 2"}]
+    (problem,) = collect(open_session(GPT, driver="sim", faults=faults))
+    assert (problem.kind, problem.severity, problem.node) == ("race", "error", "layer_norm_1")
+    assert problem.frames[-1].loc.line == line_of(GPT, "x = x + self.mlp(self.ln2(x))")
+    assert problem.message.startswith("race on 'partial sums of layer_norm_1' [0x")
+    assert "are not ordered by any barrier, semaphore or DMA wait" in problem.message
+
+
+def test_a_miscounted_barrier_is_a_hang_with_its_wait_for_graph():
+    session = open_session(GPT, driver="sim", faults=[{"kind": "miscount_barrier", "node": "softmax_1"}])
+    session.goto(session.end)
+    (problem,) = collect(session)
+    assert (problem.kind, problem.node) == ("hang", "softmax_1")
+    assert problem.message.startswith("hang in node 'softmax_1' at ") and "every live unit is blocked" in problem.message
+    assert session.position == session.end and session.exception_filters == set()  # left as it was

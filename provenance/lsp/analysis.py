@@ -31,6 +31,9 @@ class AnalysisOptions(BaseModel):
     driver: str = "auto"
     reference: str | None = None  # what the run is compared with (default: the program in float64 on the CPU)
     budgetMB: float = 512.0
+    seed: int = 0  # sim chip: the seed of a random schedule
+    schedule: str = "round-robin"  # sim chip: round-robin or random
+    faults: list[dict] = []  # sim chip: injected faults
 
     @classmethod
     def parse(cls, raw: Any) -> "AnalysisOptions":
@@ -52,7 +55,8 @@ class AnalysisOptions(BaseModel):
         if not path.is_file():
             raise RewindError(f"{'trace' if self.trace else 'program'} file '{path}' does not exist")
         run = {"trace": str(path.resolve())} if self.trace else {"program": str(path.resolve()), "entry": self.entry}
-        return LaunchOptions(**run, driver=self.driver, budget_mb=self.budgetMB, reference=self.reference)
+        return LaunchOptions(**run, driver=self.driver, budget_mb=self.budgetMB, reference=self.reference,
+                             seed=self.seed, schedule=self.schedule, faults=self.faults)
 
 
 @dataclass(frozen=True)

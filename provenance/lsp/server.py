@@ -1,7 +1,7 @@
 """The language server: pygls features over one Analysis.
 
 Give the run in `initializationOptions` ({"program" or "trace", "entry", "driver", "reference",
-"budgetMB"}) or run the `rewind.analyse` command with the same object; saving one of the program's
+"budgetMB", "seed", "schedule", "faults"}) or run the `rewind.analyse` command with the same object; saving one of the program's
 files runs it again. `rewind.goto` (a tick) moves the position hovers describe, so an editor can follow the
 debugger. Diagnostics are published for every source file of the program.
 """

@@ -17,6 +17,7 @@ export interface RewindConfiguration {
   trace?: string;
   seed?: number;
   schedule?: string;
+  faults?: object[];
   python?: string;
   cwd?: string;
   port?: number;
@@ -54,7 +55,7 @@ export function resolveConfiguration(config: Partial<RewindConfiguration>, activ
 export function analysisOptions(config: RewindConfiguration): Record<string, unknown> {
   const options: Record<string, unknown> = {};
   const run = config.trace !== undefined ? (['trace'] as const) : (['program', 'entry'] as const);
-  const keys = [...run, 'driver', 'reference'] as const;
+  const keys = [...run, 'driver', 'reference', 'seed', 'schedule', 'faults'] as const;
   for (const key of keys) {
     if (config[key] !== undefined) {
       options[key] = config[key];

@@ -11,6 +11,7 @@ export interface Schema {
   exclusiveMinimum?: number;
   pattern?: string;
   patternErrorMessage?: string;
+  enum?: unknown[];
 }
 
 /** Every problem with `value` against `schema`, each naming the attribute; [] when it conforms. */
@@ -21,6 +22,9 @@ export function problems(value: unknown, schema: Schema, path = ''): string[] {
   }
   if (typeof value === 'number') {
     return numberProblems(value, schema, where);
+  }
+  if (schema.enum !== undefined && !schema.enum.includes(value)) {
+    return [`'${where}' is ${JSON.stringify(value)}; expected one of ${schema.enum.map((e) => JSON.stringify(e)).join(', ')}`];
   }
   if (typeof value === 'string' && schema.pattern !== undefined && !new RegExp(schema.pattern).test(value)) {
     return [`'${where}' is ${JSON.stringify(value)}; expected ${schema.patternErrorMessage ?? `a match of ${schema.pattern}`}`];
@@ -60,6 +64,8 @@ function hasType(value: unknown, type: string): boolean {
       return Number.isInteger(value);
     case 'object':
       return typeof value === 'object' && value !== null && !Array.isArray(value);
+    case 'array':
+      return Array.isArray(value);
     default:
       return typeof value === type;
   }

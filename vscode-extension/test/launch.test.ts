@@ -23,19 +23,22 @@ test('F5 without a launch.json and no Python file open is refused, saying what t
 
 test('the schema covers every launch attribute of the issue', () => {
   const launchSchema = contributions().debuggers[0].configurationAttributes.launch;
-  for (const attribute of ['program', 'entry', 'driver', 'stopOnEntry', 'checkpoint', 'reference', 'trace', 'seed', 'schedule']) {
+  for (const attribute of ['program', 'entry', 'driver', 'stopOnEntry', 'checkpoint', 'reference', 'trace', 'seed', 'schedule', 'faults']) {
     assert.ok(launchSchema.properties?.[attribute]?.description, `no documented '${attribute}' in the launch schema`);
   }
   assert.deepEqual(Object.keys(launchSchema.properties?.checkpoint.properties ?? {}), ['budgetMB', 'every']);
 });
 
 test('wrong attribute values are refused, each problem named', () => {
-  const message = error(launch({ driver: 'tpu', stopOnEntry: 'yes', checkpoint: { budgetMB: 0, every: 1.5 }, seed: -1 }));
+  const message = error(launch({ driver: 'tpu', stopOnEntry: 'yes', checkpoint: { budgetMB: 0, every: 1.5 }, seed: -1,
+    schedule: 'fair', faults: { kind: 'drop_barrier' } }));
   assert.match(message, /'driver' is "tpu"; expected auto, torch:cpu, torch:cuda, torch:cuda:N, sim or sim:<config>/);
   assert.match(message, /'stopOnEntry' must be a boolean, got "yes"/);
   assert.match(message, /'checkpoint.budgetMB' must be more than 0, got 0/);
   assert.match(message, /'checkpoint.every' must be an integer, got 1.5/);
   assert.match(message, /'seed' must be at least 0, got -1/);
+  assert.match(message, /'schedule' is "fair"; expected one of "round-robin", "random"/);
+  assert.match(message, /'faults' must be an array, got \{"kind":"drop_barrier"\}/);
 });
 
 test('a launch needs a program or a trace', () => {
@@ -60,8 +63,9 @@ test('the initial configuration and every snippet body conform to the schema', (
 });
 
 test('the language server analyses the attributes that choose the run', () => {
-  const config = launch({ entry: 'small', driver: 'torch:cpu', checkpoint: { budgetMB: 64, every: 4 }, stopOnEntry: true, seed: 3, reference: 'ref.rwtrace' });
+  const config = launch({ entry: 'small', driver: 'sim', checkpoint: { budgetMB: 64, every: 4 }, stopOnEntry: true, seed: 3,
+    schedule: 'random', reference: 'ref.rwtrace' });
   assert.deepEqual(analysisOptions(config as never),
-    { program: 'model.py', entry: 'small', driver: 'torch:cpu', reference: 'ref.rwtrace', budgetMB: 64 });
+    { program: 'model.py', entry: 'small', driver: 'sim', reference: 'ref.rwtrace', seed: 3, schedule: 'random', budgetMB: 64 });
   assert.deepEqual(analysisOptions(launch({ trace: 'run.rwtrace', entry: 'small' }) as never), { trace: 'run.rwtrace' });
 });
