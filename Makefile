@@ -17,6 +17,8 @@ venv: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
+	cd tests/node && npm ci --no-audit --no-fund --loglevel=error && \
+		REWIND_PYTHON=$(abspath $(BIN))/python node --test dap.test.js
 	$(MAKE) --no-print-directory extension
 
 # The VS Code extension: build, unit and integration tests (real adapter, real chromium), .vsix.
@@ -30,6 +32,7 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine.py
+	$(BIN)/python benchmarks/dap.py
 
 clean:
 	rm -rf $(VENV)

@@ -1,0 +1,3 @@
+from dap_server.server import main
+
+main()

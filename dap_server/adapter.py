@@ -1,0 +1,178 @@
+"""One client's debugging session: the Session, the one worker thread that owns it, the client's handles.
+
+Every Session call runs on `worker`, a single thread, so the Session never has two callers and
+the event loop stays free to answer pause, cancel and threads while a motion runs there.
+A motion (continue, step, goto, ...) is handed to the worker only after its request has been
+answered, so the client always sees the response before the `stopped` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from dap_server.breakpoints import DEFAULT_EXCEPTION_FILTERS
+from dap_server.events import MAIN_THREAD, SessionEvents
+from dap_server.variables import VariableTable
+from hardware.errors import NotStoppedError, RewindError
+from hardware.session import Session
+
+if TYPE_CHECKING:
+    from dap_server.requests import Arguments, Handler
+
+log = logging.getLogger(__name__)
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class Cancelled(RewindError):
+    """The client cancelled the request before it ran."""
+
+
+@dataclass
+class ClientCapabilities:
+    """What the client said about itself in `initialize`."""
+
+    progress: bool = False
+    invalidated: bool = False
+    memory_event: bool = False
+    lines_start_at_1: bool = True
+    columns_start_at_1: bool = True
+
+
+@dataclass
+class Motion:
+    run: Callable[[], Any]
+    title: str
+
+
+class Adapter:
+    def __init__(self, emit: Callable[[str, dict | None], None]):
+        self.emit = emit  # thread-safe: queue an event for the client
+        self.client = ClientCapabilities()
+        self.events = SessionEvents(self)
+        self.session = Session(on_event=self.events)
+        self.session.set_exception_filters(DEFAULT_EXCEPTION_FILTERS)  # until the client chooses its own
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rewind-session")
+        self.variables = VariableTable()
+        self.launched = False
+        self.closing = False  # the connection ends once the current response is sent
+        self.terminated = False
+        self._motion: Motion | None = None  # set by a handler, started after its response
+        self._motions_pending = 0  # queued or running motions (pause only means something then)
+        self._motion_seq: int | None = None  # the request whose motion runs
+        self._cancelled: set[int] = set()
+        self._lock = threading.Lock()
+
+    # -- the hand-off to the worker -------------------------------------------------------------
+    async def call(self, seq: int, handler: "Handler", args: "Arguments") -> tuple[Any, Motion | None]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.worker, self._call, seq, handler, args)
+
+    def _call(self, seq: int, handler: "Handler", args: "Arguments") -> tuple[Any, Motion | None]:
+        with self._lock:
+            if seq in self._cancelled:
+                self._cancelled.discard(seq)
+                raise Cancelled("cancelled")
+        self._motion = None
+        body = handler.fn(self, args)
+        motion, self._motion = self._motion, None
+        return body, motion
+
+    def resume(self, run: Callable[[], Any], title: str) -> None:
+        """Called by a handler: after the response, run `run` (which ends in a stop) on the worker."""
+        self.require_launched()
+        self._motion = Motion(run, title)
+
+    def start_motion(self, seq: int, motion: Motion) -> None:
+        with self._lock:
+            self._motions_pending += 1
+        try:
+            self.worker.submit(self._run_motion, seq, motion)
+        except RuntimeError:  # the worker is shut down: the connection is closing
+            with self._lock:
+                self._motions_pending -= 1
+
+    def _run_motion(self, seq: int, motion: Motion) -> None:
+        self.variables.clear()  # references live for one stop
+        self._motion_seq = seq
+        try:
+            with self.events.progress(motion.title, cancellable=True):
+                motion.run()
+        except Exception as exc:  # the client believes the program moves: it must hear that it stopped
+            log.exception("%s failed", motion.title)
+            self.emit("output", {"category": "stderr", "output": f"{motion.title} failed: {exc}\n"})
+            self.emit("stopped", {"reason": "exception", "description": str(exc), "threadId": MAIN_THREAD,
+                                  "allThreadsStopped": True, "text": type(exc).__name__})
+        finally:
+            self._motion_seq = None
+            with self._lock:
+                self._motions_pending -= 1
+
+    def pause(self) -> None:
+        """Thread-safe: stop the motion that runs or is about to (nothing to do when none is)."""
+        with self._lock:
+            if self._motions_pending:
+                self.session.pause()
+
+    def cancel(self, request_id: int | None, progress_id: str | None) -> None:
+        progress = self.events.current
+        if progress_id is not None and progress is not None and progress.id == progress_id and progress.cancellable:
+            self.pause()
+        if request_id is not None:
+            if request_id == self._motion_seq:
+                self.pause()
+            else:
+                with self._lock:
+                    self._cancelled.add(request_id)
+
+    def close(self) -> None:
+        """The client is gone: stop what runs, end the Session on its worker, let the worker go."""
+        self.pause()
+        try:
+            self.worker.submit(self.session.close)
+        except RuntimeError:
+            pass
+        self.worker.shutdown(wait=False, cancel_futures=False)
+
+    # -- helpers for handlers ----------------------------------------------------------------------
+    def require_launched(self) -> None:
+        if not self.launched:
+            raise NotStoppedError("no program is loaded: send 'launch' first")
+
+    def frame_level(self, frame_id: int | None) -> int:
+        """Frame ids are level + 1 (0 is the innermost frame: the node at its source line)."""
+        if frame_id is None:
+            return 0
+        depth = len(self.session.frames())
+        if not 1 <= frame_id <= depth:
+            raise RewindError(f"no frame {frame_id}: the stack has {depth} frame(s) (ids 1..{depth})")
+        return frame_id - 1
+
+    def resolve_value(self, name: str, level: int = 0) -> str:
+        """A Program value name from what the user typed: a source variable (`scores`) or a value (`div`)."""
+        self.require_launched()
+        name = name.strip()
+        aliases = self.session.source_names(level=level)
+        if name in aliases:
+            return aliases[name]
+        if name in self.session.program.values:
+            return name
+        hint = f"; source variables here: {', '.join(sorted(aliases))}" if aliases else ""
+        what = "variable or value" if _IDENTIFIER.match(name) else "value name (an expression is not a value)"
+        raise RewindError(f"'{name}' is not a {what} of the program{hint}")
+
+    def client_line(self, line: int | None) -> int:
+        if line is None:
+            return 0
+        return line if self.client.lines_start_at_1 else line - 1
+
+    def engine_line(self, line: int) -> int:
+        return line if self.client.lines_start_at_1 else line + 1
+
+    def client_column(self, column: int) -> int:
+        return column if self.client.columns_start_at_1 else column - 1

@@ -1,0 +1,204 @@
+"""Breakpoints: source lines, functions (node, op, module path), data (writes to a value), exceptions (NaN, Inf).
+
+One bad breakpoint comes back `verified: false` with the reason; it never fails the batch.
+A line with no node binds to the next line of the same function that has one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+from dap_server.requests import Arguments, capability, request
+from dap_server.sources import SourceRef, source_path
+from dap_server.variables import Entry, TensorSlice, Values, stats_text
+from hardware.errors import RewindError
+
+if TYPE_CHECKING:
+    from dap_server.adapter import Adapter
+    from hardware.breakpoints import Breakpoint
+
+EXCEPTION_FILTERS = [
+    {"filter": "nan", "label": "NaN written", "default": True,
+     "description": "Stop after the first write that produces a NaN its inputs did not carry"},
+    {"filter": "inf", "label": "±Inf written", "default": False,
+     "description": "Stop after the first write that produces a ±Inf its inputs did not carry"},
+]
+DEFAULT_EXCEPTION_FILTERS = {f["filter"] for f in EXCEPTION_FILTERS if f["default"]}
+
+
+def _breakpoint(adapter: "Adapter", bp: "Breakpoint", source: SourceRef | None = None,
+                line: int | None = None) -> dict:
+    out: dict[str, Any] = {"id": bp.id, "verified": bp.verified}
+    if bp.message:
+        out["message"] = bp.message
+    if source is not None:
+        out["source"] = source.model_dump(exclude_none=True)
+        out["line"] = adapter.client_line(bp.line if bp.verified else line)
+    return out
+
+
+def changed_line_breakpoints(adapter: "Adapter") -> None:
+    """After launch binds breakpoints set before it to lines, tell the client where they ended up."""
+    for path, bps in adapter.session.line_breakpoints.items():
+        for bp in bps:
+            adapter.emit("breakpoint", {"reason": "changed",
+                                        "breakpoint": _breakpoint(adapter, bp, SourceRef(path=path), bp.line)})
+
+
+class SourceBreakpoint(Arguments):
+    line: int
+    column: int | None = None
+    condition: str | None = None
+    hitCondition: str | None = None
+    logMessage: str | None = None
+
+
+class SetBreakpointsArguments(Arguments):
+    source: SourceRef
+    breakpoints: list[SourceBreakpoint] | None = None
+    lines: list[int] | None = None
+    sourceModified: bool = False
+
+
+@request("setBreakpoints")
+@capability("supportsConditionalBreakpoints")
+@capability("supportsHitConditionalBreakpoints")
+@capability("supportsLogPoints")
+def set_breakpoints(adapter: "Adapter", args: SetBreakpointsArguments) -> dict:
+    wanted = args.breakpoints if args.breakpoints is not None else [SourceBreakpoint(line=n) for n in args.lines or []]
+    specs = [{"line": adapter.engine_line(b.line), "condition": b.condition, "hitCondition": b.hitCondition,
+              "logMessage": b.logMessage} for b in wanted]
+    bps = adapter.session.set_line_breakpoints(source_path(args.source), specs)
+    return {"breakpoints": [_breakpoint(adapter, bp, args.source, spec["line"]) for bp, spec in zip(bps, specs)]}
+
+
+class FunctionBreakpoint(Arguments):
+    name: str
+    condition: str | None = None
+    hitCondition: str | None = None
+
+
+class SetFunctionBreakpointsArguments(Arguments):
+    breakpoints: list[FunctionBreakpoint]
+
+
+@request("setFunctionBreakpoints")
+@capability("supportsFunctionBreakpoints")
+def set_function_breakpoints(adapter: "Adapter", args: SetFunctionBreakpointsArguments) -> dict:
+    """Node names (`softmax_1`), ops (`aten.softmax`), module paths (`blocks.2.attn`)."""
+    specs = [b.model_dump() for b in args.breakpoints]
+    return {"breakpoints": [_breakpoint(adapter, bp) for bp in adapter.session.set_function_breakpoints(specs)]}
+
+
+class ExceptionFilterOptions(Arguments):
+    filterId: str
+    condition: str | None = None
+
+
+class SetExceptionBreakpointsArguments(Arguments):
+    filters: list[str]
+    filterOptions: list[ExceptionFilterOptions] | None = None
+
+
+@request("setExceptionBreakpoints")
+@capability("exceptionBreakpointFilters", EXCEPTION_FILTERS)
+def set_exception_breakpoints(adapter: "Adapter", args: SetExceptionBreakpointsArguments) -> dict:
+    known = {f["filter"] for f in EXCEPTION_FILTERS}
+    asked = list(args.filters) + [o.filterId for o in args.filterOptions or []]
+    adapter.session.set_exception_filters({f for f in asked if f in known})
+    return {"breakpoints": [{"verified": True} if f in known else
+                            {"verified": False, "message": f"unknown filter '{f}' (known: {', '.join(sorted(known))})"}
+                            for f in asked]}
+
+
+class ExceptionInfoArguments(Arguments):
+    threadId: int
+
+
+@request("exceptionInfo")
+@capability("supportsExceptionInfoRequest")
+def exception_info(adapter: "Adapter", args: ExceptionInfoArguments) -> dict:
+    adapter.require_launched()
+    d = adapter.session.exception_info()
+    kind = "NaN" if d.filter == "nan" else "Inf"
+    first = list(d.first_index) if d.first_index is not None else None
+    inputs = "\n".join(f"  {name}: {stats_text(stats)}" for name, stats in d.inputs.items())
+    trace = (f"{d.count} {kind} written to '{d.value}', first at index {first}\n"
+             f"by node '{d.node}' ({d.op}) at {d.source or 'no source line'}\ninputs:\n{inputs or '  none'}")
+    return {"exceptionId": d.filter, "description": d.description(), "breakMode": "always",
+            "details": {"message": d.description(), "typeName": kind, "fullTypeName": d.op, "evaluateName": d.value,
+                        "stackTrace": trace, "node": d.node, "source": d.source, "count": d.count,
+                        "firstIndex": first, "inputs": d.inputs}}
+
+
+class DataBreakpointInfoArguments(Arguments):
+    name: str
+    variablesReference: int | None = None
+    frameId: int | None = None
+
+
+@request("dataBreakpointInfo")
+@capability("supportsDataBreakpoints")
+def data_breakpoint_info(adapter: "Adapter", args: DataBreakpointInfoArguments) -> dict:
+    """A whole value can be watched for writes; its data id is its Program value name."""
+    adapter.require_launched()
+    try:
+        value = _watchable(adapter, args)
+    except RewindError as exc:
+        return {"dataId": None, "description": str(exc)}
+    return {"dataId": value, "description": f"write to '{args.name}' ({value})", "accessTypes": ["write"],
+            "canPersist": True}
+
+
+def _watchable(adapter: "Adapter", args: DataBreakpointInfoArguments) -> str:
+    if not args.variablesReference:
+        return adapter.resolve_value(args.name, adapter.frame_level(args.frameId))
+    container = adapter.variables.get(args.variablesReference)
+    if isinstance(container, Values):
+        entry: Entry | None = next((e for e in container.entries if e.name == args.name), None)
+        if entry is not None:
+            return entry.value
+    if isinstance(container, TensorSlice) and container.root.value is not None and not container.index:
+        raise RewindError(f"'{args.name}' is part of '{container.root.value}': watch the whole value")
+    raise RewindError(f"'{args.name}' is not a value that can be watched for writes")
+
+
+class DataBreakpoint(Arguments):
+    dataId: str
+    accessType: Literal["read", "write", "readWrite"] | None = None
+    condition: str | None = None
+    hitCondition: str | None = None
+
+
+class SetDataBreakpointsArguments(Arguments):
+    breakpoints: list[DataBreakpoint]
+
+
+@request("setDataBreakpoints")
+def set_data_breakpoints(adapter: "Adapter", args: SetDataBreakpointsArguments) -> dict:
+    """Writes only: reads are not observed (a read leaves nothing in the write log)."""
+    writes = [b for b in args.breakpoints if b.accessType in (None, "write")]
+    bps = iter(adapter.session.set_data_breakpoints(
+        [{"dataId": b.dataId, "condition": b.condition, "hitCondition": b.hitCondition} for b in writes]))
+    return {"breakpoints": [_breakpoint(adapter, next(bps)) if b.accessType in (None, "write") else
+                            {"verified": False, "message": f"'{b.accessType}' is not watched: only writes are"}
+                            for b in args.breakpoints]}
+
+
+class BreakpointLocationsArguments(Arguments):
+    source: SourceRef
+    line: int
+    endLine: int | None = None
+    column: int | None = None
+    endColumn: int | None = None
+
+
+@request("breakpointLocations")
+@capability("supportsBreakpointLocationsRequest")
+def breakpoint_locations(adapter: "Adapter", args: BreakpointLocationsArguments) -> dict:
+    """The lines in the range where a node runs (where a breakpoint would bind as asked)."""
+    adapter.require_launched()
+    first = adapter.engine_line(args.line)
+    last = adapter.engine_line(args.endLine) if args.endLine is not None else first
+    lines = adapter.session.program.lines_in(source_path(args.source))
+    return {"breakpoints": [{"line": adapter.client_line(n)} for n in lines if first <= n <= last]}

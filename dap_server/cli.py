@@ -1,0 +1,24 @@
+"""The `rewind` command: `rewind debug model.py` opens the console on a model."""
+
+from __future__ import annotations
+
+import argparse
+
+from dap_server import console
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rewind", description="Rewind: a time-travel debugger for AI accelerators.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    debug = commands.add_parser("debug", help="debug a model in the console",
+                                description="Debug a model file (it defines build() -> (module, inputs)).")
+    debug.add_argument("program", help="the model's Python file")
+    debug.add_argument("--driver", default="auto", help="auto, torch:cpu, torch:cuda, torch:cuda:N (default auto)")
+    debug.add_argument("--entry", default="build", help="the function returning (module, inputs) (default build)")
+    debug.add_argument("-x", dest="script", metavar="FILE", help="run the commands in FILE, then exit")
+    debug.add_argument("--json", action="store_true", help="print one JSON object per command (for agents)")
+    debug.add_argument("--trace", metavar="FILE", help="open a recorded trace (reserved: not available yet)")
+    args = parser.parse_args(argv)
+    if args.trace:
+        parser.error("--trace is reserved for a later version")
+    return console.run(args.program, args.driver, args.entry, args.script, args.json)

@@ -1,0 +1,406 @@
+"""`rewind debug`: a terminal client that starts `python -m dap_server` and talks DAP to it.
+
+It is a DAP client like any editor (dap_server/client.py), so what it shows is what VS Code
+would. Commands read from a terminal (with history), from a script (`-x FILE`), or from a pipe;
+`--json` prints one JSON object per command for agents.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+from dap_server.client import DapClient, DapError, quiet_debugpy_log
+
+HISTORY = Path.home() / ".rewind_history"
+PROMPT = "(rewind) "
+
+
+class CommandError(Exception):
+    """A command the console cannot run as typed."""
+
+
+@dataclass
+class Result:
+    text: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ConsoleBreakpoint:
+    number: int  # the console's own numbering: stable while the server renumbers
+    kind: str  # "line" or "function"
+    where: str  # path, or a node / op / module path
+    line: int | None = None
+    condition: str | None = None
+    server_id: int | None = None
+    verified: bool = False
+    message: str | None = None
+
+    def describe(self) -> str:
+        where = f"{Path(self.where).name}:{self.line}" if self.kind == "line" else self.where
+        state = "" if self.verified else f" (not verified: {self.message})"
+        cond = f" if {self.condition}" if self.condition else ""
+        return f"breakpoint {self.number} at {where}{cond}{state}"
+
+
+class Console:
+    def __init__(self, client: DapClient, out: TextIO, json_mode: bool = False):
+        self.client, self.out, self.json_mode = client, out, json_mode
+        self.breakpoints: list[ConsoleBreakpoint] = []
+        self._sources: dict[str, list[str]] = {}
+        self.failures = 0
+        self.commands: dict[str, Callable[[str], Result | None]] = {}
+        for names, fn in [
+            (("break", "b"), self.cmd_break), (("condition",), self.cmd_condition), (("delete",), self.cmd_delete),
+            (("continue", "c"), self.cmd_continue), (("next", "n"), self.cmd_next), (("step", "s"), self.cmd_step),
+            (("finish", "out"), self.cmd_finish), (("back",), self.cmd_back), (("rc",), self.cmd_rc),
+            (("goto",), self.cmd_goto), (("print", "p", "eval"), self.cmd_print), (("locals",), self.cmd_locals),
+            (("where", "bt"), self.cmd_where), (("locate",), self.cmd_locate), (("prov",), self.cmd_prov),
+            (("checkpoints",), self.cmd_checkpoints), (("restore",), self.cmd_restore),
+            (("help", "h"), self.cmd_help), (("quit", "q", "exit"), self.cmd_quit),
+        ]:
+            for name in names:
+                self.commands[name] = fn
+
+    # -- session ---------------------------------------------------------------------------------
+    def start(self, program: str, driver: str, entry: str) -> None:
+        """Initialize, launch stopped on entry, report where it stopped."""
+        self.client.request("initialize", {"adapterID": "rewind", "clientID": "rewind-console",
+                                           "clientName": "rewind debug", "linesStartAt1": True,
+                                           "columnsStartAt1": True, "pathFormat": "path"})
+        mark = self.client.mark()
+        self.client.request("launch", {"program": program, "driver": driver, "entry": entry, "stopOnEntry": True})
+        self.client.wait_for("initialized")
+        self.client.request("configurationDone")
+        self._emit(f"launch {program}", self._stopped(mark))
+
+    def execute(self, line: str) -> bool:
+        """Run one command line; False when the console should quit."""
+        line = line.strip()
+        if not line or line.startswith("#"):
+            return True
+        name, _, rest = line.partition(" ")
+        fn = self.commands.get(name)
+        mark = self.client.mark()
+        try:
+            if fn is None:
+                raise CommandError(f"unknown command '{name}' (try: help)")
+            result = fn(rest.strip())
+        except (CommandError, DapError, TimeoutError) as exc:
+            self.failures += 1
+            self._emit(line, None, error=exc.message if isinstance(exc, DapError) else str(exc), mark=mark)
+            return True
+        if result is None:
+            return False
+        self._emit(line, result, mark=mark)
+        return True
+
+    def _emit(self, line: str, result: Result | None, error: str | None = None, mark: int | None = None) -> None:
+        output = [body["output"] for name, body in self.client.events_since(mark)
+                  if name == "output"] if mark is not None else []
+        if self.json_mode:
+            record: dict[str, Any] = {"command": line, "ok": error is None}
+            record.update({"error": error} if error else {"result": result.data})
+            if output:
+                record["output"] = output
+            print(json.dumps(record, default=str), file=self.out, flush=True)
+            return
+        for text in output:
+            self.out.write(text if text.endswith("\n") else text + "\n")
+        print(f"error: {error}" if error else result.text, file=self.out, flush=True)
+
+    # -- moving ------------------------------------------------------------------------------------
+    def _motion(self, command: str, arguments: dict | None = None) -> Result:
+        mark = self.client.mark()
+        self.client.request(command, {"threadId": 1, **(arguments or {})})
+        return self._stopped(mark)
+
+    def _stopped(self, mark: int) -> Result:
+        """Wait for the stop that follows a motion (Ctrl-C pauses it) and say where it is."""
+        try:
+            stop = self.client.wait_for("stopped", after=mark)
+        except KeyboardInterrupt:
+            self.client.request("pause", {"threadId": 1})
+            stop = self.client.wait_for("stopped", after=mark)
+        position = self.client.request("timeline", {"count": 0})["position"]
+        frames = self.client.request("stackTrace", {"threadId": 1, "levels": 1})["stackFrames"]
+        frame = frames[0] if frames else {"name": "?", "line": 0}
+        path = frame.get("source", {}).get("path")
+        numbers = [bp.number for bp in self.breakpoints if bp.server_id in stop.get("hitBreakpointIds", [])]
+        data = {"reason": stop["reason"], "description": stop.get("description", ""), "tick": position,
+                "frame": {"name": frame["name"], "file": path, "line": frame["line"]}, "breakpoints": numbers}
+        what = stop.get("description") or stop["reason"]
+        text = f"[tick {position}] {what}: {frame['name']}"
+        if path:
+            text += f"\n  {Path(path).name}:{frame['line']}  {self._source_line(path, frame['line'])}"
+        if stop["reason"] == "exception":
+            info = self.client.request("exceptionInfo", {"threadId": 1})
+            data["exception"] = info
+            text += f"\n  {info['details']['stackTrace']}".replace("\n", "\n  ")
+        return Result(text, data)
+
+    def cmd_continue(self, args: str) -> Result:
+        return self._motion("continue")
+
+    def cmd_next(self, args: str) -> Result:
+        return self._motion("next", self._granularity(args))
+
+    def cmd_step(self, args: str) -> Result:
+        return self._motion("stepIn", self._granularity(args))
+
+    def cmd_finish(self, args: str) -> Result:
+        return self._motion("stepOut")
+
+    def cmd_back(self, args: str) -> Result:
+        return self._motion("stepBack", self._granularity(args))
+
+    def cmd_rc(self, args: str) -> Result:
+        return self._motion("reverseContinue")
+
+    @staticmethod
+    def _granularity(args: str) -> dict:
+        """`next` moves a source line; `next node` (or `next instruction`) one tick."""
+        if not args:
+            return {}
+        if args in ("node", "tick", "instruction"):
+            return {"granularity": "instruction"}
+        if args == "line":
+            return {"granularity": "line"}
+        raise CommandError(f"unknown granularity '{args}' (line, node)")
+
+    def cmd_goto(self, args: str) -> Result:
+        """goto FILE:LINE [N]: the N-th tick (1-based, default 1) where that line runs."""
+        parts = args.split()
+        if not parts or ":" not in parts[0]:
+            raise CommandError("usage: goto FILE:LINE [N]")
+        path, line = self._file_line(parts[0])
+        targets = self.client.request("gotoTargets", {"source": {"path": path}, "line": line})["targets"]
+        n = int(parts[1]) if len(parts) > 1 else 1
+        if not 1 <= n <= len(targets):
+            raise CommandError(f"{parts[0]} runs {len(targets)} time(s); pick 1..{len(targets)}")
+        return self._motion("goto", {"targetId": targets[n - 1]["id"]})
+
+    def cmd_restore(self, args: str) -> Result:
+        if not args.isdigit():
+            raise CommandError("usage: restore TICK (see: checkpoints)")
+        mark = self.client.mark()
+        self.client.request("restoreCheckpoint", {"tick": int(args)})
+        return self._stopped(mark)
+
+    # -- breakpoints ---------------------------------------------------------------------------------
+    def cmd_break(self, args: str) -> Result:
+        """break FILE:LINE [if COND] | break NODE-OR-OP-OR-MODULE [if COND] | break (list)"""
+        if not args:
+            text = "\n".join(bp.describe() for bp in self.breakpoints) or "no breakpoints"
+            return Result(text, {"breakpoints": [vars(bp) for bp in self.breakpoints]})
+        where, _, condition = args.partition(" if ")
+        where = where.strip()
+        number = max((bp.number for bp in self.breakpoints), default=0) + 1
+        if ":" in where and where.rsplit(":", 1)[1].isdigit():
+            path, line = self._file_line(where)
+            bp = ConsoleBreakpoint(number, "line", path, line, condition.strip() or None)
+        else:
+            bp = ConsoleBreakpoint(number, "function", where, None, condition.strip() or None)
+        self.breakpoints.append(bp)
+        self._sync(bp)
+        return Result(bp.describe(), vars(bp))
+
+    def cmd_condition(self, args: str) -> Result:
+        """condition N [EXPR]: set (or, without EXPR, clear) breakpoint N's condition."""
+        number, _, expr = args.partition(" ")
+        bp = self._find(number)
+        bp.condition = expr.strip() or None
+        self._sync(bp)
+        return Result(bp.describe(), vars(bp))
+
+    def cmd_delete(self, args: str) -> Result:
+        bp = self._find(args)
+        self.breakpoints.remove(bp)
+        self._sync(bp)
+        return Result(f"deleted breakpoint {bp.number}", {"deleted": bp.number})
+
+    def _find(self, number: str) -> ConsoleBreakpoint:
+        for bp in self.breakpoints:
+            if str(bp.number) == number.strip():
+                return bp
+        raise CommandError(f"no breakpoint {number or '(give a number)'}")
+
+    def _sync(self, changed: ConsoleBreakpoint) -> None:
+        """Send the whole set of breakpoints of the kind (and file) that changed, as DAP wants."""
+        if changed.kind == "line":
+            same = [bp for bp in self.breakpoints if bp.kind == "line" and bp.where == changed.where]
+            specs = [{"line": bp.line, **({"condition": bp.condition} if bp.condition else {})} for bp in same]
+            answer = self.client.request("setBreakpoints", {"source": {"path": changed.where}, "breakpoints": specs})
+        else:
+            same = [bp for bp in self.breakpoints if bp.kind == "function"]
+            specs = [{"name": bp.where, **({"condition": bp.condition} if bp.condition else {})} for bp in same]
+            answer = self.client.request("setFunctionBreakpoints", {"breakpoints": specs})
+        for bp, got in zip(same, answer["breakpoints"]):
+            bp.server_id, bp.verified, bp.message = got.get("id"), got["verified"], got.get("message")
+            if bp.kind == "line" and got.get("line"):
+                bp.line = got["line"]
+
+    def _file_line(self, text: str) -> tuple[str, int]:
+        file, _, line = text.rpartition(":")
+        if not line.isdigit():
+            raise CommandError(f"'{text}' is not FILE:LINE")
+        return self._path(file), int(line)
+
+    def _path(self, file: str) -> str:
+        """A file as typed: a path from here, or the name of one of the program's sources."""
+        if Path(file).is_file():
+            return str(Path(file).resolve())
+        sources = self.client.request("loadedSources")["sources"]
+        for source in sources:
+            if source["path"].endswith("/" + file) or Path(source["path"]).name == file:
+                return source["path"]
+        names = ", ".join(Path(s["path"]).name for s in sources)
+        raise CommandError(f"no file '{file}' here or among the program's sources ({names})")
+
+    # -- inspecting -----------------------------------------------------------------------------------
+    def cmd_print(self, args: str) -> Result:
+        if not args:
+            raise CommandError("usage: print EXPR")
+        body = self.client.request("evaluate", {"expression": args, "context": "repl", "frameId": 1})
+        return Result(f"{args} = {body['result']}", dict(body))
+
+    def cmd_locals(self, args: str) -> Result:
+        scopes = self.client.request("scopes", {"frameId": 1})["scopes"]
+        scope = next(s for s in scopes if s["name"] == "Locals")
+        variables = self.client.request("variables", {"variablesReference": scope["variablesReference"]})["variables"]
+        text = "\n".join(f"{v['name']} = {v['value']}" for v in variables) or "no source variables in this frame yet"
+        return Result(text, {"locals": {v["name"]: v["value"] for v in variables}})
+
+    def cmd_where(self, args: str) -> Result:
+        frames = self.client.request("stackTrace", {"threadId": 1})["stackFrames"]
+        lines = [f"#{i} {f['name']}" + (f"  {Path(f['source']['path']).name}:{f['line']}" if f.get("source") else "")
+                 for i, f in enumerate(frames)]
+        return Result("\n".join(lines), {"frames": frames})
+
+    def cmd_locate(self, args: str) -> Result:
+        if not args:
+            raise CommandError("usage: locate NAME")
+        placement = self.client.request("locate", {"name": args, "frameId": 1})
+        lines = [f"{args} ({placement['value']}): {s['dtype']}{s['shape']} in {s['space']} of {s['chip']} "
+                 f"at 0x{s['address']:x}, {s['nbytes']} bytes, strides {s['strides']}, unit {s['unit']}"
+                 for s in placement["shards"]]
+        return Result("\n".join(lines), dict(placement))
+
+    def cmd_prov(self, args: str) -> Result:
+        if not args:
+            raise CommandError("usage: prov NAME")
+        prov = self.client.request("provenance", {"name": args, "frameId": 1, "maxHistory": 8})
+        last = prov["lastWriter"]
+        if last is None:
+            text = f"{args} ({prov['value']}): a {prov['kind']}, not written before this tick"
+        else:
+            where = f" at {Path(last['source']['file']).name}:{last['source']['line']}" if last["source"] else ""
+            who = f"{last['op']} ('{last['node']}')" if last["node"] else "a user edit"
+            text = (f"{args} ({prov['value']}) was written by {who}{where} at tick {last['tick']} "
+                    f"on {last['unit']} into {last['location']['space']} 0x{last['location']['address']:x}")
+        lineage = prov["lineage"]
+        text += (f"\n  lineage: {len(lineage['nodes'])} node(s) back to {len(lineage['roots'])} root(s): "
+                 f"{', '.join(lineage['roots'][:6])}{', …' if len(lineage['roots']) > 6 else ''}")
+        return Result(text, dict(prov))
+
+    def cmd_checkpoints(self, args: str) -> Result:
+        cps = self.client.request("checkpoints")["checkpoints"]
+        text = "\n".join(f"tick {c['tick']}: {c['values']} values, {c['bytes']} bytes ({c['tier']})" for c in cps)
+        return Result(text or "no checkpoints", {"checkpoints": cps})
+
+    def _source_line(self, path: str, line: int) -> str:
+        if path not in self._sources:
+            try:
+                content = self.client.request("source", {"source": {"path": path}, "sourceReference": 0})["content"]
+            except DapError:
+                content = ""
+            self._sources[path] = content.splitlines()
+        lines = self._sources[path]
+        return lines[line - 1].strip() if 0 < line <= len(lines) else ""
+
+    def cmd_help(self, args: str) -> Result:
+        text = """break FILE:LINE [if COND] | break NODE|OP|MODULE   set a breakpoint (break: list them)
+condition N [EXPR]      set or clear breakpoint N's condition;  delete N
+continue | next [node] | step | finish        run forward (next: a line; next node: one tick)
+back [node] | rc        step back, reverse-continue
+goto FILE:LINE [N]      jump to the N-th time that line runs;  restore TICK: a checkpoint
+print EXPR | locals | where     inspect (safe expressions over tensors)
+locate NAME | prov NAME         where a value lives, who wrote it
+checkpoints | quit"""
+        return Result(text, {"commands": sorted(self.commands)})
+
+    def cmd_quit(self, args: str) -> None:
+        return None
+
+    # -- input ---------------------------------------------------------------------------------------------
+    def run_script(self, path: str) -> None:
+        for line in Path(path).read_text().splitlines():
+            if line.strip() and not line.strip().startswith("#") and not self.json_mode:
+                print(f"{PROMPT}{line.strip()}", file=self.out, flush=True)
+            if not self.execute(line):
+                return
+
+    def interactive(self, stdin: TextIO) -> None:
+        tty = stdin.isatty()
+        if tty:
+            _enable_history()
+        while True:
+            try:
+                line = input(PROMPT) if tty else stdin.readline()
+                if (not tty and not line) or not self.execute(line):
+                    return
+            except EOFError:
+                return
+            except KeyboardInterrupt:  # Ctrl-C drops the line (a motion has already been paused), as in a shell
+                print(file=self.out)
+
+
+def _enable_history() -> None:
+    try:
+        import atexit
+        import readline
+    except ImportError:
+        return
+    try:
+        readline.read_history_file(HISTORY)
+    except OSError:
+        pass
+    readline.set_history_length(1000)
+    atexit.register(lambda: _save_history(readline))
+
+
+def _save_history(readline) -> None:
+    try:
+        readline.write_history_file(HISTORY)
+    except OSError:
+        pass
+
+
+def run(program: str, driver: str, entry: str, script: str | None, json_mode: bool) -> int:
+    quiet_debugpy_log()
+    client = DapClient.spawn()
+    console = Console(client, sys.stdout, json_mode)
+    try:
+        console.start(program, driver, entry)
+        if script:
+            console.run_script(script)
+        else:
+            console.interactive(sys.stdin)
+    except (DapError, TimeoutError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        tail = "\n".join(client.stderr_tail)
+        if tail:
+            print(f"server log:\n{tail}", file=sys.stderr)
+        return 1
+    finally:
+        try:
+            client.request("disconnect", {"terminateDebuggee": True}, timeout=10)
+        except (DapError, TimeoutError):
+            pass
+        client.close()
+    return 1 if console.failures else 0
+

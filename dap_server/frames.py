@@ -1,0 +1,55 @@
+"""threads and stackTrace: a DAP thread is a Unit; frames are the node at its line, then module forwards."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dap_server.requests import Arguments, capability, request
+
+if TYPE_CHECKING:
+    from dap_server.adapter import Adapter
+    from hardware.session import FrameInfo
+
+
+class ThreadsArguments(Arguments):
+    pass
+
+
+@request("threads", on_loop=True)
+def threads(adapter: "Adapter", args: ThreadsArguments) -> dict:
+    """Answered on the event loop: the unit list is fixed at launch, so it never waits for a motion."""
+    units = adapter.session.units() if adapter.launched else []
+    return {"threads": [{"id": i + 1, "name": name} for i, name in enumerate(units)]}
+
+
+class StackTraceArguments(Arguments):
+    threadId: int
+    startFrame: int = 0
+    levels: int = 0
+    format: dict | None = None
+
+
+@request("stackTrace")
+@capability("supportsDelayedStackTraceLoading")
+def stack_trace(adapter: "Adapter", args: StackTraceArguments) -> dict:
+    adapter.require_launched()
+    frames = adapter.session.frames()
+    chosen = frames[max(0, args.startFrame):]
+    if args.levels > 0:
+        chosen = chosen[: args.levels]
+    return {"stackFrames": [_frame(adapter, f) for f in chosen], "totalFrames": len(frames)}
+
+
+def _frame(adapter: "Adapter", frame: "FrameInfo") -> dict:
+    out = {"id": frame.id + 1, "name": frame.name, "line": adapter.client_line(frame.line),
+           "column": adapter.client_column(1) if frame.line else 0}
+    if frame.file:
+        out["source"] = source(frame.file)
+    else:
+        out["presentationHint"] = "label"  # a user edit: a step with no source line
+    return out
+
+
+def source(path: str) -> dict:
+    return {"name": Path(path).name, "path": path}

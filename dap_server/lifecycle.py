@@ -1,0 +1,153 @@
+"""initialize, launch, configurationDone, restart, terminate, disconnect, cancel.
+
+`initialized` is sent once launch has loaded the Program, so breakpoints set during
+configuration bind to real lines at once. At the end of the program the session stays
+(stopped, reason `end`) so the user can go back; `terminated` comes only on terminate or
+disconnect.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field, model_validator
+
+from dap_server.breakpoints import changed_line_breakpoints
+from dap_server.requests import Arguments, StrictArguments, capabilities, capability, request
+from hardware.errors import RewindError
+from hardware.session import LaunchOptions
+
+if TYPE_CHECKING:
+    from dap_server.adapter import Adapter
+
+
+class InitializeArguments(Arguments):
+    adapterID: str
+    clientID: str | None = None
+    clientName: str | None = None
+    linesStartAt1: bool = True
+    columnsStartAt1: bool = True
+    pathFormat: str = "path"
+    supportsProgressReporting: bool = False
+    supportsInvalidatedEvent: bool = False
+    supportsMemoryEvent: bool = False
+
+
+@request("initialize", on_loop=True)
+def initialize(adapter: "Adapter", args: InitializeArguments) -> dict:
+    client = adapter.client
+    client.progress = args.supportsProgressReporting
+    client.invalidated = args.supportsInvalidatedEvent
+    client.memory_event = args.supportsMemoryEvent
+    client.lines_start_at_1 = args.linesStartAt1
+    client.columns_start_at_1 = args.columnsStartAt1
+    return capabilities()
+
+
+class CheckpointOptions(StrictArguments):
+    budgetMB: float = Field(1024.0, gt=0)
+    every: int | None = Field(None, ge=1)
+
+
+# Attributes every VS Code launch configuration may carry; they mean nothing to the adapter.
+_CLIENT_ATTRIBUTES = {"type", "request", "name", "noDebug", "presentation", "preLaunchTask", "postDebugTask",
+                      "internalConsoleOptions", "debugServer", "suppressMultipleSessionWarning", "serverReadyAction"}
+
+
+class LaunchArguments(StrictArguments):
+    program: str
+    entry: str = "build"
+    driver: str = "auto"  # auto, torch:cpu, torch:cuda, torch:cuda:N (the driver names its own errors)
+    stopOnEntry: bool = False
+    checkpoint: CheckpointOptions = CheckpointOptions()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_client_attributes(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if k not in _CLIENT_ATTRIBUTES and not k.startswith("__")}
+        return data
+
+    def options(self) -> LaunchOptions:
+        return LaunchOptions(program=self.program, entry=self.entry, driver=self.driver,
+                             budget_mb=self.checkpoint.budgetMB, every=self.checkpoint.every,
+                             stop_on_entry=self.stopOnEntry)
+
+
+@request("launch")
+def launch(adapter: "Adapter", args: LaunchArguments) -> None:
+    if adapter.launched:
+        raise RewindError("a program is already loaded in this session: restart it, or disconnect and launch")
+    with adapter.events.progress(f"Loading {args.program}", cancellable=False):
+        adapter.session.launch(args.options())
+    adapter.launched = True
+    changed_line_breakpoints(adapter)
+    adapter.emit("initialized", None)
+
+
+class ConfigurationDoneArguments(Arguments):
+    pass
+
+
+@request("configurationDone")
+@capability("supportsConfigurationDoneRequest")
+def configuration_done(adapter: "Adapter", args: ConfigurationDoneArguments) -> None:
+    """Configuration is over: stop on entry, or run to the first stop."""
+    adapter.resume(adapter.session.start, "Running")
+
+
+class RestartArguments(Arguments):
+    arguments: LaunchArguments | None = None
+
+
+@request("restart")
+@capability("supportsRestartRequest")
+def restart(adapter: "Adapter", args: RestartArguments) -> None:
+    """Back to tick 0; with new launch arguments, load the program again first (the file may have changed)."""
+    adapter.require_launched()
+    if args.arguments is None:
+        adapter.resume(adapter.session.restart, "Restarting")
+        return
+    with adapter.events.progress(f"Loading {args.arguments.program}", cancellable=False):
+        adapter.session.launch(args.arguments.options())
+    adapter.resume(adapter.session.start, "Running")
+
+
+class TerminateArguments(Arguments):
+    restart: bool = False
+
+
+@request("terminate", interrupts=True)
+@capability("supportsTerminateRequest")
+def terminate(adapter: "Adapter", args: TerminateArguments) -> None:
+    _terminated(adapter)
+
+
+class DisconnectArguments(Arguments):
+    restart: bool = False
+    terminateDebuggee: bool | None = None
+    suspendDebuggee: bool | None = None
+
+
+@request("disconnect", interrupts=True)
+def disconnect(adapter: "Adapter", args: DisconnectArguments) -> None:
+    _terminated(adapter)
+    adapter.closing = True
+
+
+def _terminated(adapter: "Adapter") -> None:
+    if not adapter.terminated:
+        adapter.terminated = True
+        adapter.emit("terminated", None)
+
+
+class CancelArguments(Arguments):
+    requestId: int | None = None
+    progressId: str | None = None
+
+
+@request("cancel", on_loop=True)
+@capability("supportsCancelRequest")
+def cancel(adapter: "Adapter", args: CancelArguments) -> None:
+    """A queued request is answered `cancelled`; a running motion (or its progress) is paused."""
+    adapter.cancel(args.requestId, args.progressId)

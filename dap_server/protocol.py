@@ -1,0 +1,151 @@
+"""DAP's wire format: `Content-Length: N\\r\\n\\r\\n` then N bytes of UTF-8 JSON.
+
+`MessageReader` is a pure state machine fed whatever the transport delivers: a header cut in
+two, half a body, three messages at once. Bad input never stops it. A header block without a
+usable Content-Length, a body that is not a JSON object, or a message over the size cap comes
+out as a `FramingError` (the oversized body is skipped unread); the reader then resynchronises
+on the next `Content-Length` header and goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+MAX_MESSAGE_BYTES = 16 * 2**20
+MAX_HEADER_BYTES = 8192
+_HEADER_END = b"\r\n\r\n"
+_CONTENT_LENGTH = re.compile(rb"content-length[ \t]*:[ \t]*([^\r\n]*)", re.IGNORECASE)
+_HEADER_LINE = re.compile(rb"^[A-Za-z0-9-]+[ \t]*:[^\r\n]*$")
+
+
+@dataclass(frozen=True)
+class FramingError:
+    """A part of the input that is not a DAP message; `seq`/`command` when the JSON got that far."""
+
+    message: str
+    seq: int | None = None
+    command: str | None = None
+
+
+class MessageReader:
+    def __init__(self, max_bytes: int = MAX_MESSAGE_BYTES):
+        self.max_bytes = max_bytes
+        self._buffer = bytearray()
+        self._body_length: int | None = None
+        self._skip = 0  # bytes of an oversized body still to discard
+        self._resyncing = False  # after an error, junk before the next header is expected, not reported again
+
+    def feed(self, data: bytes) -> list[dict[str, Any] | FramingError]:
+        """Everything complete in the input so far, in order."""
+        self._buffer += data
+        out: list[dict[str, Any] | FramingError] = []
+        while (item := self._next()) is not None:
+            out.append(item)
+        return out
+
+    def _next(self) -> dict[str, Any] | FramingError | None:
+        if self._skip:
+            n = min(self._skip, len(self._buffer))
+            del self._buffer[:n]
+            self._skip -= n
+            if self._skip:
+                return None
+        if self._body_length is None:
+            return self._read_header()
+        if len(self._buffer) < self._body_length:
+            return None
+        body = bytes(self._buffer[: self._body_length])
+        del self._buffer[: self._body_length]
+        self._body_length = None
+        return decode(body)
+
+    def _read_header(self) -> FramingError | None:
+        end = self._buffer.find(_HEADER_END)
+        if end < 0:
+            if len(self._buffer) <= MAX_HEADER_BYTES:
+                return None
+            return self._discard_junk()
+        block = bytes(self._buffer[:end])
+        del self._buffer[: end + len(_HEADER_END)]
+        matches = list(_CONTENT_LENGTH.finditer(block))
+        if not matches:
+            return self._error(f"a header block without Content-Length was discarded: {_preview(block)}")
+        match = matches[-1]
+        junk = block[: match.start()].rstrip(b"\r\n")
+        value = match[1].strip()
+        if not value.isdigit():
+            return self._error(f"malformed Content-Length {value.decode('latin-1')!r}: the message was discarded")
+        length = int(value)
+        if length > self.max_bytes:
+            self._skip = length
+            return self._error(f"a message of {length} bytes exceeds the {self.max_bytes // 2**20} MiB limit "
+                               "and was skipped")
+        self._body_length = length
+        report = junk and not self._resyncing and not all(_HEADER_LINE.match(ln) for ln in junk.split(b"\r\n"))
+        self._resyncing = False
+        if report:
+            return FramingError(f"{len(junk)} bytes before a header were discarded: {_preview(junk)}")
+        return self._next()
+
+    def _discard_junk(self) -> FramingError | None:
+        """No header end within the limit: drop all but a possible header start, report once."""
+        match = None
+        for match in _CONTENT_LENGTH.finditer(self._buffer):
+            pass
+        keep_from = match.start() if match and match.start() > 0 else len(self._buffer) - 32
+        dropped = bytes(self._buffer[:keep_from])
+        del self._buffer[:keep_from]
+        if self._resyncing:
+            return self._next() if match else None
+        return self._error(f"{len(dropped)} bytes without a message header were discarded: {_preview(dropped)}")
+
+    def _error(self, message: str) -> FramingError:
+        self._resyncing = True
+        return FramingError(message)
+
+
+def decode(body: bytes) -> dict[str, Any] | FramingError:
+    try:
+        message = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        return FramingError(f"invalid JSON in a message body ({exc}): {_preview(body)}")
+    if not isinstance(message, dict):
+        return FramingError(f"a message must be a JSON object, got {type(message).__name__}")
+    seq, command = message.get("seq"), message.get("command")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+        return FramingError(f"a message needs a positive integer 'seq', got {seq!r}",
+                            command=command if isinstance(command, str) else None)
+    if message.get("type") != "request" or not isinstance(command, str):
+        kind = message.get("type")
+        return FramingError(f"expected a request with a string 'command', got type {kind!r} command {command!r}",
+                            seq=seq, command=command if isinstance(command, str) else "")
+    return message
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """Frame a message. JSON has no NaN or Infinity: such floats are sent as the strings "nan", "inf", "-inf"."""
+    try:
+        text = json.dumps(message, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        text = json.dumps(_finite(message), separators=(",", ":"), allow_nan=False)
+    body = text.encode("utf-8")
+    return b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _preview(data: bytes, limit: int = 60) -> str:
+    text = data[:limit].decode("utf-8", "replace")
+    return repr(text) + ("…" if len(data) > limit else "")

@@ -1,0 +1,115 @@
+"""Moving through time: continue, next, stepIn, stepOut, stepBack, reverseContinue, goto, pause.
+
+Direction is a parameter of the Session's primitives, so reverse is not a parallel code path:
+`stepBack` is `next` with Direction.REVERSE. Each request answers at once; the motion runs on
+the worker afterwards and ends in a `stopped` event.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from dap_server.requests import Arguments, capability, request
+from dap_server.sources import SourceRef, source_path
+from hardware.errors import RewindError
+from hardware.session import Direction
+
+if TYPE_CHECKING:
+    from dap_server.adapter import Adapter
+
+FORWARD, REVERSE = Direction.FORWARD, Direction.REVERSE
+
+
+class ContinueArguments(Arguments):
+    threadId: int
+    singleThread: bool = False
+
+
+@request("continue")
+def continue_(adapter: "Adapter", args: ContinueArguments) -> dict:
+    adapter.resume(lambda: adapter.session.run(FORWARD), "Continuing")
+    return {"allThreadsContinued": True}
+
+
+@request("reverseContinue")
+def reverse_continue(adapter: "Adapter", args: ContinueArguments) -> None:
+    adapter.resume(lambda: adapter.session.run(REVERSE), "Reverse-continuing")
+
+
+class StepArguments(Arguments):
+    threadId: int
+    singleThread: bool = False
+    # Omitted means a source line. `statement` and `instruction` move one tick (one node).
+    granularity: Literal["statement", "line", "instruction"] = "line"
+
+
+def _step(adapter: "Adapter", args: StepArguments, direction: Direction, kind: str, title: str) -> None:
+    adapter.resume(lambda: adapter.session.step(direction, args.granularity, kind), title)
+
+
+@request("next")
+@capability("supportsSteppingGranularity")
+def next_(adapter: "Adapter", args: StepArguments) -> None:
+    _step(adapter, args, FORWARD, "over", "Stepping")
+
+
+@request("stepIn")
+def step_in(adapter: "Adapter", args: StepArguments) -> None:
+    _step(adapter, args, FORWARD, "in", "Stepping in")
+
+
+@request("stepOut")
+def step_out(adapter: "Adapter", args: StepArguments) -> None:
+    _step(adapter, args, FORWARD, "out", "Stepping out")
+
+
+@request("stepBack")
+@capability("supportsStepBack")
+def step_back(adapter: "Adapter", args: StepArguments) -> None:
+    _step(adapter, args, REVERSE, "over", "Stepping back")
+
+
+class PauseArguments(Arguments):
+    threadId: int
+
+
+@request("pause", on_loop=True)
+def pause(adapter: "Adapter", args: PauseArguments) -> None:
+    """Answered on the event loop while a motion runs on the worker; the motion stops with reason pause."""
+    adapter.pause()
+
+
+class GotoTargetsArguments(Arguments):
+    source: SourceRef
+    line: int
+    column: int | None = None
+
+
+@request("gotoTargets")
+@capability("supportsGotoTargetsRequest")
+def goto_targets(adapter: "Adapter", args: GotoTargetsArguments) -> dict:
+    """Every tick where the line's execution begins (a line in a loop of layers runs once per layer)."""
+    adapter.require_launched()
+    session = adapter.session
+    line, ticks = session.line_positions(source_path(args.source), adapter.engine_line(args.line))
+    targets = []
+    for tick in ticks:
+        entry = session.timeline_entries(tick, 1)[0]
+        where = f" in {entry['module']}" if entry["module"] else ""
+        targets.append({"id": tick + 1, "label": f"tick {tick}: {entry['node']} ({entry['op']}){where}",
+                        "line": adapter.client_line(line)})
+    return {"targets": targets}
+
+
+class GotoArguments(Arguments):
+    threadId: int
+    targetId: int
+
+
+@request("goto")
+def goto(adapter: "Adapter", args: GotoArguments) -> None:
+    adapter.require_launched()
+    tick, end = args.targetId - 1, adapter.session.end
+    if not 0 <= tick <= end:
+        raise RewindError(f"goto target {args.targetId} is not a tick of the program (targets are 1..{end + 1})")
+    adapter.resume(lambda: adapter.session.goto(tick), f"Going to tick {tick}")

@@ -1,0 +1,48 @@
+"""`rewind debug`, the console client: the README's demo script, and --json for agents."""
+
+import json
+import subprocess
+import sys
+
+from tests.dap.wire import GPT, ROOT
+
+DEMO = ROOT / "examples" / "demo.rewind"
+
+
+def rewind(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-c", "import sys; from dap_server.cli import main; sys.exit(main())", *args]
+    return subprocess.run(command, cwd=ROOT, input=stdin, capture_output=True, text=True, timeout=300)
+
+
+def test_demo_script_hits_a_breakpoint_steps_back_reverse_continues_and_finds_the_writer():
+    run = rewind("debug", str(GPT), "-x", str(DEMO))
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = run.stdout
+    assert "(rewind) break gpt.py:27\nbreakpoint 1 at gpt.py:27\n" in out
+    assert "[tick 15] breakpoint 1 at gpt.py:27: ones (aten.ones) [blocks.0.attn]" in out
+    back = out.split("(rewind) back\n")[1]
+    assert back.startswith("[tick 12] step: transpose_3") and "gpt.py:26  scores = q @ k" in back
+    after_rc = out.split("(rewind) rc\n")[1]
+    assert after_rc.startswith("[tick 15] breakpoint 1")  # the last hit before tick 43, in blocks.0
+    assert "scores (div): float32[1, 4, 16, 16] in host of cpu at 0x" in out
+    assert "scores (div) was written by aten.div.Tensor ('div') at gpt.py:26 at tick 14" in out
+    assert "tick 0: 0 values, 0 bytes (host)" in out
+
+
+def test_json_mode_prints_one_object_per_command_and_reports_errors():
+    script = "break gpt.py:27\ncontinue\nprint scores.shape\nprint __import__('os')\nlocate nothing\nbogus\nquit\n"
+    run = rewind("debug", str(GPT), "--json", stdin=script)
+    records = [json.loads(line) for line in run.stdout.splitlines()]
+    assert [r["command"] for r in records] == [f"launch {GPT}", "break gpt.py:27", "continue", "print scores.shape",
+                                               "print __import__('os')", "locate nothing", "bogus"]
+    assert records[2]["result"]["tick"] == 15 and records[2]["result"]["breakpoints"] == [1]
+    assert records[3]["result"]["result"] == "torch.Size([1, 4, 16, 16])"
+    assert [r["ok"] for r in records[4:]] == [False, False, False]
+    assert "not allowed" in records[4]["error"] and "unknown command 'bogus'" in records[6]["error"]
+    assert run.returncode == 1  # a command failed
+
+
+def test_console_refuses_a_reserved_option_and_a_missing_program():
+    assert rewind("debug", str(GPT), "--trace", "x.rwtrace").returncode == 2
+    run = rewind("debug", "no_such_model.py", stdin="quit\n")
+    assert run.returncode == 1 and "program file not found" in run.stderr

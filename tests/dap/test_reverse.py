@@ -1,0 +1,83 @@
+"""Moving through time through the wire: reverse-continue, step back, goto, stepping in and out, the end."""
+
+from tests.dap.wire import GPT, line_of
+
+MASK = line_of("mask = torch.ones")
+MASKED = line_of("scores = scores.masked_fill")
+BLOCK_ATTN = line_of("x = x + self.attn(self.ln1(x))")
+
+
+def test_reverse_continue_lands_on_last_hit(fresh):
+    fresh.set_breakpoints(GPT, [{"line": MASK}])
+    forward = []
+    while fresh.motion("continue")["reason"] == "breakpoint":
+        forward.append(fresh.position())
+    assert forward == [15, 43]
+    backward = []
+    while (stop := fresh.motion("reverseContinue"))["reason"] == "breakpoint":
+        backward.append(fresh.position())
+        assert fresh.top()["line"] == MASK
+    assert backward == [43, 15]
+    assert stop["reason"] == "entry" and fresh.position() == 0
+
+
+def test_step_back_restores_values(fresh):
+    fresh.set_breakpoints(GPT, [{"line": MASKED}])
+    fresh.motion("continue")
+    before_sum = fresh.number("scores.sum()")
+    before_text = next(v for v in fresh.scope("Locals") if v["name"] == "scores")["value"]
+    assert fresh.motion("next")["reason"] == "step"
+    assert fresh.number("scores.sum()") == float("-inf")  # the mask wrote -inf above the diagonal
+    assert fresh.motion("stepBack")["reason"] == "step"
+    assert fresh.top()["line"] == MASKED
+    assert fresh.number("scores.sum()") == before_sum
+    assert next(v for v in fresh.scope("Locals") if v["name"] == "scores")["value"] == before_text
+
+
+def test_goto_jumps_to_each_tick_a_line_ran(fresh):
+    targets = fresh.request("gotoTargets", {"source": {"path": str(GPT)}, "line": MASK})["targets"]
+    assert [t["label"] for t in targets] == ["tick 15: ones (aten.ones.default) in blocks.0.attn",
+                                             "tick 43: ones_1 (aten.ones.default) in blocks.1.attn"]
+    mark = fresh.client.mark()
+    assert fresh.motion("goto", {"threadId": 1, "targetId": targets[1]["id"]})["reason"] == "goto"
+    assert fresh.position() == 43 and "blocks.1.attn" in fresh.top()["name"]
+    assert ("invalidated", {"areas": ["variables", "stacks"]}) in fresh.client.events_since(mark)
+    fresh.motion("goto", {"threadId": 1, "targetId": targets[0]["id"]})
+    assert fresh.position() == 15
+
+
+def test_step_in_and_out_move_between_frames(fresh):
+    fresh.set_breakpoints(GPT, [{"line": BLOCK_ATTN}])
+    fresh.motion("continue")
+    depth = len(fresh.request("stackTrace", {"threadId": 1})["stackFrames"])
+    fresh.motion("stepIn")
+    inner = fresh.request("stackTrace", {"threadId": 1})
+    assert inner["totalFrames"] == depth + 1
+    fresh.motion("stepOut")
+    frames = fresh.request("stackTrace", {"threadId": 1})["stackFrames"]
+    assert len(frames) == depth and frames[0]["line"] == BLOCK_ATTN
+    fresh.motion("stepIn")
+    fresh.motion("stepOut", {"threadId": 1, "granularity": "line"})
+    assert len(fresh.request("stackTrace", {"threadId": 1})["stackFrames"]) == depth
+
+
+def test_instruction_granularity_moves_one_tick_each_way(fresh):
+    fresh.motion("next", {"threadId": 1, "granularity": "instruction"})
+    fresh.motion("next", {"threadId": 1, "granularity": "statement"})
+    assert fresh.position() == 2
+    fresh.motion("stepBack", {"threadId": 1, "granularity": "instruction"})
+    assert fresh.position() == 1
+
+
+def test_end_of_program_stops_with_reason_end_and_the_user_can_go_back(fresh):
+    mark = fresh.client.mark()
+    stop = fresh.motion("continue")
+    assert stop["reason"] == "end" and stop["description"] == "end of program"
+    assert fresh.position() == fresh.request("timeline", {"count": 0})["end"]
+    assert fresh.motion("stepBack")["reason"] == "step" and fresh.top()["line"] == line_of("logits = self.head")
+    assert all(name != "terminated" for name, _ in fresh.client.events_since(mark))
+
+
+def test_restart_goes_back_to_the_entry(fresh):
+    fresh.motion("continue")
+    assert fresh.motion("restart", {})["reason"] == "entry" and fresh.position() == 0
