@@ -51,7 +51,8 @@ class CheckpointOptions(StrictArguments):
 
 # Attributes every VS Code launch configuration may carry; they mean nothing to the adapter.
 _CLIENT_ATTRIBUTES = {"type", "request", "name", "noDebug", "presentation", "preLaunchTask", "postDebugTask",
-                      "internalConsoleOptions", "debugServer", "suppressMultipleSessionWarning", "serverReadyAction"}
+                      "internalConsoleOptions", "debugServer", "suppressMultipleSessionWarning", "serverReadyAction",
+                      "python", "cwd"}  # the last two: how the Rewind extension starts the adapter
 
 
 class LaunchArguments(StrictArguments):
