@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from dap_server.breakpoints import DEFAULT_EXCEPTION_FILTERS
 from dap_server.events import MAIN_THREAD, SessionEvents
+from dap_server.frames import FRAMES_PER_THREAD
 from dap_server.variables import VariableTable
 from hardware.errors import NotStoppedError, RewindError
 from hardware.session import Session
@@ -145,13 +146,15 @@ class Adapter:
             raise NotStoppedError("no program is loaded: send 'launch' first")
 
     def frame_level(self, frame_id: int | None) -> int:
-        """Frame ids are level + 1 (0 is the innermost frame: the node at its source line)."""
+        """Frame ids are level + 1 (0 is the innermost frame: the node at its source line), offset per thread by
+        frames.FRAMES_PER_THREAD: every unit's stack has the same levels."""
         if frame_id is None:
             return 0
         depth = len(self.session.frames())
-        if not 1 <= frame_id <= depth:
+        level = (frame_id - 1) % FRAMES_PER_THREAD if frame_id >= 1 else -1
+        if not 0 <= level < depth:
             raise RewindError(f"no frame {frame_id}: the stack has {depth} frame(s) (ids 1..{depth})")
-        return frame_id - 1
+        return level
 
     def resolve_value(self, name: str, level: int = 0) -> str:
         """A Program value name from what the user typed: a source variable (`scores`) or a value (`div`)."""

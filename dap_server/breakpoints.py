@@ -23,6 +23,14 @@ EXCEPTION_FILTERS = [
     {"filter": "inf", "label": "±Inf written", "default": False,
      "description": "Stop after the first write that produces a ±Inf its inputs did not carry"},
 ]
+EXCEPTION_FILTERS += [
+    {"filter": "race", "label": "Data race (many-core chip)", "default": False,
+     "description": "Stop right after two units access the same memory, at least one writing, with nothing "
+                    "ordering them (sim chip: barriers, semaphores, DMA waits)"},
+    {"filter": "hang", "label": "Hang (many-core chip)", "default": False,
+     "description": "Stop when every live unit of a node is blocked, with the wait-for graph"},
+]
+EXCEPTION_KINDS = {"nan": "NaN", "inf": "Inf", "race": "Race", "hang": "Hang"}  # exceptionInfo typeName, stopped text
 DEFAULT_EXCEPTION_FILTERS = {f["filter"] for f in EXCEPTION_FILTERS if f["default"]}
 
 
@@ -120,15 +128,17 @@ class ExceptionInfoArguments(Arguments):
 def exception_info(adapter: "Adapter", args: ExceptionInfoArguments) -> dict:
     adapter.require_launched()
     d = adapter.session.exception_info()
-    kind = "NaN" if d.filter == "nan" else "Inf"
+    kind = EXCEPTION_KINDS[d.filter]
     first = list(d.first_index) if d.first_index is not None else None
     inputs = "\n".join(f"  {name}: {stats_text(stats)}" for name, stats in d.inputs.items())
     trace = (f"{d.count} {kind} written to '{d.value}', first at index {first}\n"
              f"by node '{d.node}' ({d.op}) at {d.source or 'no source line'}\ninputs:\n{inputs or '  none'}")
+    if d.filter in ("race", "hang"):  # the units involved are in the evidence (hardware/instruction_cursor.py)
+        trace = d.description()
     return {"exceptionId": d.filter, "description": d.description(), "breakMode": "always",
             "details": {"message": d.description(), "typeName": kind, "fullTypeName": d.op, "evaluateName": d.value,
                         "stackTrace": trace, "node": d.node, "source": d.source, "count": d.count,
-                        "firstIndex": first, "inputs": d.inputs}}
+                        "firstIndex": first, "inputs": d.inputs, "evidence": d.evidence}}
 
 
 class DataBreakpointInfoArguments(Arguments):

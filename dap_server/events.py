@@ -12,6 +12,7 @@ import threading
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from dap_server.breakpoints import EXCEPTION_KINDS
 from hardware.session import SessionEvent
 
 if TYPE_CHECKING:
@@ -89,14 +90,16 @@ class SessionEvents:
             self.adapter.emit("invalidated", {"areas": list(areas)})
 
     def _stopped(self, body: dict) -> dict:
-        out: dict[str, Any] = {"reason": body["reason"], "threadId": MAIN_THREAD, "allThreadsStopped": True}
+        unit = body.get("unit")  # the unit a stop on a many-core chip is about (a race's second access)
+        out: dict[str, Any] = {"reason": body["reason"], "threadId": MAIN_THREAD if unit is None else unit + 1,
+                               "allThreadsStopped": True}
         if body.get("description"):
             out["description"] = body["description"]
         if body.get("hitBreakpointIds"):
             out["hitBreakpointIds"] = list(body["hitBreakpointIds"])
         stop = self.adapter.session.last_stop
         if body["reason"] == "exception" and stop is not None and stop.exception is not None:
-            out["text"] = "NaN" if stop.exception.filter == "nan" else "Inf"
+            out["text"] = EXCEPTION_KINDS[stop.exception.filter]
         return out
 
     @contextmanager

@@ -12,6 +12,9 @@ if TYPE_CHECKING:
     from hardware.session import FrameInfo
 
 
+FRAMES_PER_THREAD = 10_000  # frame ids of thread t are (t - 1) * FRAMES_PER_THREAD + level + 1
+
+
 class ThreadsArguments(Arguments):
     pass
 
@@ -34,16 +37,19 @@ class StackTraceArguments(Arguments):
 @capability("supportsDelayedStackTraceLoading")
 def stack_trace(adapter: "Adapter", args: StackTraceArguments) -> dict:
     adapter.require_launched()
-    frames = adapter.session.frames()
+    frames = adapter.session.frames(unit=args.threadId - 1)  # a unit's stack starts at its next instruction
     chosen = frames[max(0, args.startFrame):]
     if args.levels > 0:
         chosen = chosen[: args.levels]
-    return {"stackFrames": [_frame(adapter, f) for f in chosen], "totalFrames": len(frames)}
+    return {"stackFrames": [_frame(adapter, f, args.threadId) for f in chosen], "totalFrames": len(frames)}
 
 
-def _frame(adapter: "Adapter", frame: "FrameInfo") -> dict:
-    out = {"id": frame.id + 1, "name": frame.name, "line": adapter.client_line(frame.line),
-           "column": adapter.client_column(1) if frame.line else 0}
+def _frame(adapter: "Adapter", frame: "FrameInfo", thread: int = 1) -> dict:
+    """Frame ids are unique across threads: (thread - 1) * FRAMES_PER_THREAD + level + 1 (adapter.frame_level)."""
+    out = {"id": (thread - 1) * FRAMES_PER_THREAD + frame.id + 1, "name": frame.name,
+           "line": adapter.client_line(frame.line), "column": adapter.client_column(1) if frame.line else 0}
+    if frame.instruction_pointer is not None:
+        out["instructionPointerReference"] = f"{frame.instruction_pointer:#x}"
     if frame.file:
         out["source"] = source(frame.file)
     else:

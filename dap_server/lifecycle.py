@@ -8,7 +8,7 @@ disconnect.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -47,8 +47,6 @@ def initialize(adapter: "Adapter", args: InitializeArguments) -> dict:
 class CheckpointOptions(StrictArguments):
     budgetMB: float = Field(1024.0, gt=0)
     every: int | None = Field(None, ge=1)
-    checkBatch: int | None = Field(None, ge=1)  # writes whose on-device checks are read back together
-    devicePool: bool | None = None  # copy checkpoints into a preallocated device pool (default: on a GPU)
 
 
 # Attributes every VS Code launch configuration may carry; they mean nothing to the adapter.
@@ -63,6 +61,9 @@ class LaunchArguments(StrictArguments):
     driver: str = "auto"  # auto, torch:cpu, torch:cuda, torch:cuda:N (the driver names its own errors)
     stopOnEntry: bool = False
     checkpoint: CheckpointOptions = CheckpointOptions()
+    seed: int = 0  # sim chip: seed of a random schedule
+    schedule: Literal["round-robin", "random"] = "round-robin"  # sim chip: how units' steps interleave
+    faults: list[dict[str, Any]] = []  # sim chip: planted faults (docs/sim.md); the driver checks them
 
     @model_validator(mode="before")
     @classmethod
@@ -74,8 +75,8 @@ class LaunchArguments(StrictArguments):
     def options(self) -> LaunchOptions:
         return LaunchOptions(program=self.program, entry=self.entry, driver=self.driver,
                              budget_mb=self.checkpoint.budgetMB, every=self.checkpoint.every,
-                             check_batch=self.checkpoint.checkBatch, device_pool=self.checkpoint.devicePool,
-                             stop_on_entry=self.stopOnEntry)
+                             stop_on_entry=self.stopOnEntry, seed=self.seed, schedule=self.schedule,
+                             faults=self.faults)
 
 
 @request("launch")

@@ -10,6 +10,7 @@ import base64
 import binascii
 from typing import TYPE_CHECKING
 
+from dap_server.instructions import physical_address, read_physical, write_physical
 from dap_server.requests import Arguments, capability, request
 from hardware.errors import RewindError
 
@@ -41,9 +42,12 @@ class ReadMemoryArguments(Arguments):
 @request("readMemory")
 @capability("supportsReadMemoryRequest")
 def read_memory(adapter: "Adapter", args: ReadMemoryArguments) -> dict:
-    value = _value_of(adapter, args.memoryReference)
     if not 0 <= args.count <= MAX_READ_BYTES:
         raise RewindError(f"readMemory: count {args.count} is outside 0..{MAX_READ_BYTES}; read in chunks")
+    address = physical_address(adapter, args.memoryReference)
+    if address is not None:  # a chip's physical address (instructions.py)
+        return read_physical(adapter, address + args.offset, args.count)
+    value = _value_of(adapter, args.memoryReference)
     base = adapter.session.locate(value).shards[0].address
     if args.offset < 0:  # nothing of the value lies before its first byte
         return {"address": f"0x{max(0, base + args.offset):x}", "unreadableBytes": min(args.count, -args.offset)}
@@ -64,11 +68,14 @@ class WriteMemoryArguments(Arguments):
 @request("writeMemory")
 @capability("supportsWriteMemoryRequest")
 def write_memory(adapter: "Adapter", args: WriteMemoryArguments) -> dict:
-    value = _value_of(adapter, args.memoryReference)
+    address = physical_address(adapter, args.memoryReference)
+    value = _value_of(adapter, args.memoryReference) if address is None else None
     try:
         data = base64.b64decode(args.data, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise RewindError(f"writeMemory: 'data' is not base64: {exc}") from None
+    if address is not None:  # a chip's physical address (instructions.py)
+        return write_physical(adapter, address + args.offset, data)
     if args.allowPartial:
         room = len(adapter.session.read_memory(value, args.offset, len(data))) if args.offset >= 0 else 0
         data = data[:room]

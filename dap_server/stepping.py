@@ -44,7 +44,8 @@ class StepArguments(Arguments):
 
 
 def _step(adapter: "Adapter", args: StepArguments, direction: Direction, kind: str, title: str) -> None:
-    adapter.resume(lambda: adapter.session.step(direction, args.granularity, kind), title)
+    unit = args.threadId - 1  # a unit of a many-core chip steps its own instructions (instructions.py)
+    adapter.resume(lambda: adapter.session.step(direction, args.granularity, kind, unit, args.singleThread), title)
 
 
 @request("next")

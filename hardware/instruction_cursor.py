@@ -38,10 +38,15 @@ class InstructionBreakpoint(Breakpoint):
 
 
 class InstructionCursor:
-    def __init__(self, session: "Session"):
+    def __init__(self, session: "Session", breakpoints: Iterable[InstructionBreakpoint] = ()):
+        """`breakpoints` (of an earlier launch) are bound again to this one's code."""
         self.session = session
         self._at: tuple[int, int, int] | None = None  # (tick, node index, step)
-        self.breakpoints: list[InstructionBreakpoint] = []
+        self.breakpoints: list[InstructionBreakpoint] = list(breakpoints)
+        for bp in self.breakpoints:
+            bp.verified, bp.message = True, None
+            self.session._validate(bp)
+            self._bind(bp, bp.spec, {})
 
     @property
     def tl(self) -> "Timeline":
@@ -96,7 +101,7 @@ class InstructionCursor:
         return self.driver.chip_at(node, args, kwargs, self.step if step is None else step)
 
     # -- motion ---------------------------------------------------------------------------------------
-    def walk(self, direction: Direction, targets: Targets, reason: str = "step") -> Stop:
+    def walk(self, direction: Direction, targets: Targets, unit: int | None = None) -> Stop:
         """Move to the nearest position in `direction` that `targets` names, unless an instruction
         breakpoint or an exception filter stops the motion first."""
         tl, session = self.tl, self.session
@@ -110,21 +115,21 @@ class InstructionCursor:
             sched = self.schedule(tick)
             last = self._last(sched)
             lo, hi = ((k0 if first else 0), last + 1) if forward else (-1, (k0 if first else last))
-            found = self._nearest(tick, sched, lo, hi, direction, targets(sched), reason)
+            found = self._nearest(tick, sched, lo, hi, direction, targets(sched), unit)
             if found is not None:
                 return self._stop(*found)
             if session._pause.is_set():
-                return self._stop(Stop("pause", tick if forward else tick, "paused"), 0)
+                return self._stop(Stop("pause", tick, "paused"), 0)
             tick, first = tick + (1 if forward else -1), False
 
     def _nearest(self, tick: int, sched: NodeSchedule | None, lo: int, hi: int, direction: Direction,
-                 targets: np.ndarray, reason: str) -> tuple[Stop, int] | None:
+                 targets: np.ndarray, unit: int | None) -> tuple[Stop, int] | None:
         """The first position strictly between lo and hi (in direction order) where a target or a stop is."""
         candidates = self.stops(tick, sched)
         inside = targets[(targets > lo) & (targets < hi)]
         if len(inside):
             k = int(inside.min() if direction is FORWARD else inside.max())
-            candidates.setdefault(k, lambda: Stop(reason, tick, f"step {k} of tick {tick}"))
+            candidates.setdefault(k, lambda: Stop("step", tick, f"step {k} of tick {tick}", unit=unit))
         ks = [k for k in candidates if lo < k < hi]
         if not ks:
             return None
@@ -149,7 +154,7 @@ class InstructionCursor:
             return None
         sched = self.schedule(tick)
         hi = self._last(sched) + 1 if hi is None else hi
-        found = self._nearest(tick, sched, lo, hi, direction, np.zeros(0, np.int64), "step")
+        found = self._nearest(tick, sched, lo, hi, direction, np.zeros(0, np.int64), None)
         if found is None:
             return None
         stop, step = found
@@ -161,6 +166,8 @@ class InstructionCursor:
         """One step of the interleaving; of `unit` (the others run as recorded); or of `unit` alone."""
         if unit is None or unit == 0:
             return self.walk(direction, _every)
+        if not 0 < unit < len(self.tl.unit_names):
+            raise RewindError(f"no unit {unit}: the chip's units are 0..{len(self.tl.unit_names) - 1}")
         if single_thread and direction is FORWARD:
             self._force(unit)
 
@@ -170,7 +177,7 @@ class InstructionCursor:
             steps = np.flatnonzero(sched.units == unit)
             return steps + 1 if direction is FORWARD else steps
 
-        return self.walk(direction, of_unit)
+        return self.walk(direction, of_unit, unit)
 
     def _force(self, unit: int) -> None:
         """Make `unit` take the next step of the current node: its interleaving is rewritten from here."""
@@ -309,19 +316,19 @@ class InstructionCursor:
         return next((u.pc for u in self.chip().units() if u.unit == unit), None)
 
     def unit_frame(self, unit: int, node_frames: list[FrameInfo]) -> list[FrameInfo]:
-        """A unit's stack: its next instruction (at its node's source line), then the node's frames."""
+        """A unit's stack: the node's frames, the innermost one at the unit's next instruction (so frame
+        levels, and with them scopes and evaluation, are the same on every unit's stack)."""
         tl = self.tl
-        if unit == 0 or tl.position >= tl.end or tl.node_at(tl.position) is None:
+        node = tl.node_at(tl.position) if tl.position < tl.end else None
+        if unit == 0 or node is None:
             return node_frames
-        node = tl.node_at(tl.position)
         state = next(u for u in self.chip().units() if u.unit == unit)
         name = tl.unit_name(unit)
-        label = f"{name}: {state.status}" if state.pc is None else f"{name} pc {state.pc}: {state.detail}"
-        ip = self.driver.disassemble(node.index, unit)
-        address = next((i.address for i in ip if i.pc == state.pc), None)
-        file, line = (node.loc.file, node.loc.line) if node.loc else (None, None)
-        top = FrameInfo(0, label, file, line, node.module_path, instruction_pointer=address)
-        return [top] + [FrameInfo(f.id + 1, f.name, f.file, f.line, f.module_path) for f in node_frames]
+        what = f"{name}: {state.status}" if state.pc is None else f"{name} pc {state.pc}: {state.detail}"
+        address = next((i.address for i in self.driver.disassemble(node.index, unit) if i.pc == state.pc), None)
+        top = node_frames[0]
+        return [FrameInfo(top.id, f"{what} — {top.name}", top.file, top.line, top.module_path,
+                          instruction_pointer=address)] + node_frames[1:]
 
     # -- memory by physical address ------------------------------------------------------------------
     def read(self, address: int, count: int) -> bytes:
