@@ -22,6 +22,9 @@ EXCEPTION_FILTERS = [
      "description": "Stop after the first write that produces a NaN its inputs did not carry"},
     {"filter": "inf", "label": "±Inf written", "default": False,
      "description": "Stop after the first write that produces a ±Inf its inputs did not carry"},
+    {"filter": "divergence", "label": "Divergence from the reference", "default": False,
+     "description": "Stop after the node where the pass first leaves its reference (launch option `reference`, "
+                    "default torch:cpu:float64) by more than its tolerance"},
 ]
 EXCEPTION_FILTERS += [
     {"filter": "race", "label": "Data race (many-core chip)", "default": False,
@@ -30,7 +33,7 @@ EXCEPTION_FILTERS += [
     {"filter": "hang", "label": "Hang (many-core chip)", "default": False,
      "description": "Stop when every live unit of a node is blocked, with the wait-for graph"},
 ]
-EXCEPTION_KINDS = {"nan": "NaN", "inf": "Inf", "race": "Race", "hang": "Hang"}  # exceptionInfo typeName, stopped text
+EXCEPTION_KINDS = {"nan": "NaN", "inf": "Inf", "divergence": "Divergence", "race": "Race", "hang": "Hang"}  # exceptionInfo typeName, stopped text
 DEFAULT_EXCEPTION_FILTERS = {f["filter"] for f in EXCEPTION_FILTERS if f["default"]}
 
 
@@ -131,7 +134,8 @@ def exception_info(adapter: "Adapter", args: ExceptionInfoArguments) -> dict:
     kind = EXCEPTION_KINDS[d.filter]
     first = list(d.first_index) if d.first_index is not None else None
     inputs = "\n".join(f"  {name}: {stats_text(stats)}" for name, stats in d.inputs.items())
-    trace = (f"{d.count} {kind} written to '{d.value}', first at index {first}\n"
+    what = "element(s) beyond tolerance of the reference in" if d.filter == "divergence" else f"{kind} written to"
+    trace = (f"{d.count} {what} '{d.value}', first at index {first}\n"
              f"by node '{d.node}' ({d.op}) at {d.source or 'no source line'}\ninputs:\n{inputs or '  none'}")
     if d.filter in ("race", "hang"):  # the units involved are in the evidence (hardware/instruction_cursor.py)
         trace = d.description()

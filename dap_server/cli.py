@@ -1,10 +1,12 @@
-"""The `rewind` command: `rewind debug model.py` opens the console on a model."""
+"""The `rewind` command: `rewind debug model.py` opens the console on a model; `rewind forensics model.py`
+runs the one-shot numerical forensics (provenance/forensics_cli.py)."""
 
 from __future__ import annotations
 
 import argparse
 
 from dap_server import console
+from provenance import forensics_cli
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,7 +20,12 @@ def main(argv: list[str] | None = None) -> int:
     debug.add_argument("-x", dest="script", metavar="FILE", help="run the commands in FILE, then exit")
     debug.add_argument("--json", action="store_true", help="print one JSON object per command (for agents)")
     debug.add_argument("--trace", metavar="FILE", help="open a recorded trace (reserved: not available yet)")
+    forensics = commands.add_parser("forensics", help="find, classify and fix a numerical problem in one shot",
+                                    description=forensics_cli.__doc__.splitlines()[0])
+    forensics_cli.add_arguments(forensics)
     args = parser.parse_args(argv)
+    if args.command == "forensics":
+        return forensics_cli.run(args)
     if args.trace:
         parser.error("--trace is reserved for a later version")
     return console.run(args.program, args.driver, args.entry, args.script, args.json)

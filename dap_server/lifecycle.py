@@ -61,6 +61,9 @@ class LaunchArguments(StrictArguments):
     driver: str = "auto"  # auto, torch:cpu, torch:cuda, torch:cuda:N (the driver names its own errors)
     stopOnEntry: bool = False
     checkpoint: CheckpointOptions = CheckpointOptions()
+    reference: str | None = None  # forensics: torch:cpu:float64 (default), a trace, or saved values
+    rtol: float | None = Field(None, ge=0)  # tolerances against the reference (default: by dtype)
+    atol: float | None = Field(None, ge=0)
     seed: int = 0  # sim chip: seed of a random schedule
     schedule: Literal["round-robin", "random"] = "round-robin"  # sim chip: how units' steps interleave
     faults: list[dict[str, Any]] = []  # sim chip: planted faults (docs/sim.md); the driver checks them
@@ -75,7 +78,8 @@ class LaunchArguments(StrictArguments):
     def options(self) -> LaunchOptions:
         return LaunchOptions(program=self.program, entry=self.entry, driver=self.driver,
                              budget_mb=self.checkpoint.budgetMB, every=self.checkpoint.every,
-                             stop_on_entry=self.stopOnEntry, seed=self.seed, schedule=self.schedule,
+                             stop_on_entry=self.stopOnEntry, reference=self.reference, rtol=self.rtol,
+                             atol=self.atol, seed=self.seed, schedule=self.schedule,
                              faults=self.faults)
 
 

@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any, Protocol
 
-from dap_server import (attach, breakpoints, custom, evaluate, frames, instructions, lifecycle,  # noqa: F401
+from dap_server import (attach, breakpoints, custom, evaluate, forensics, frames, instructions, lifecycle,  # noqa: F401
                         memory, reference_memory, sources, stepping, traces, variables)  # registers requests
 from dap_server.adapter import Adapter, Cancelled
 from dap_server.protocol import FramingError, MessageReader, encode

@@ -1,11 +1,13 @@
 """`rewind forensics model.py`: the one-shot command, in JSON for agents and in words for people."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
 from provenance import forensics_cli
-from tests.conftest import MODELS
+from tests.conftest import MODELS, ROOT
 from tests.forensics_cases import CLEAN, FORENSICS, PLANTED, ids
 
 
@@ -71,3 +73,11 @@ def test_bad_model_or_reference_exits_two_with_the_cause(capsys, tmp_path):
     assert status == 2 and "weights file missing" in err
     status, _, err = forensics(capsys, FORENSICS / "cancellation.py", "--reference", "torch:cpu:int8")
     assert status == 2 and "reference" in err
+
+
+def test_rewind_forensics_subcommand_runs_in_a_fresh_process():
+    command = [sys.executable, "-c", "import sys; from dap_server.cli import main; sys.exit(main())",
+               "forensics", str(FORENSICS / "cancellation.py"), "--driver", "torch:cpu", "--no-ablate"]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert "First divergence from the reference: cancellation.py:" in done.stdout

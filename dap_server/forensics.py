@@ -1,0 +1,103 @@
+"""Numerical forensics requests (documented in docs/protocol.md): compareWithReference, firstDivergence,
+ablatePrecision. The work is the engine's (provenance/forensics.py, provenance/ablation.py); each
+request reports progress from its start, since the reference pass and ablation trials take a while."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator
+
+from pydantic import Field, model_validator
+
+from dap_server.requests import StrictArguments, request
+from hardware.errors import RewindError
+from hardware.program import Node
+from provenance.ablation import DEFAULT_MAX_TRIALS, ablate, search
+
+if TYPE_CHECKING:
+    from dap_server.adapter import Adapter
+
+MAX_ROWS = 100_000
+
+
+@contextmanager
+def _working(adapter: "Adapter", title: str) -> Iterator[None]:
+    adapter.require_launched()
+    with adapter.events.progress(title, cancellable=False) as progress:
+        if progress is not None:
+            progress.update(f"{title}: starting", 0.0)
+        yield
+
+
+class CompareWithReferenceArguments(StrictArguments):
+    start: int = Field(0, ge=0)  # first tick
+    count: int | None = Field(None, ge=0, le=MAX_ROWS)  # ticks (default: to the end)
+    introduced: bool = False  # also rerun each node on the reference's inputs
+
+
+@request("compareWithReference")
+def compare_with_reference(adapter: "Adapter", args: CompareWithReferenceArguments) -> dict:
+    """The per-node table: each floating output of each node against the reference."""
+    with _working(adapter, "Comparing with the reference"):
+        f = adapter.session.forensics
+        rows = f.table(args.start, args.count, args.introduced)
+        outputs = [c.to_dict() for c in f.outputs()]
+    return {"reference": f.spec, "rows": rows, "outputs": outputs}
+
+
+class FirstDivergenceArguments(StrictArguments):
+    start: int = Field(0, ge=0)  # look from this tick on
+
+
+@request("firstDivergence")
+def first_divergence(adapter: "Adapter", args: FirstDivergenceArguments) -> dict:
+    """The first node whose error beyond tolerance it introduced (or where accumulated error crosses it)."""
+    with _working(adapter, "Looking for the first divergence"):
+        f = adapter.session.forensics
+        found = f.first_divergence(args.start)
+    return {"reference": f.spec, "divergence": found.to_dict() if found else None}
+
+
+class AblatePrecisionArguments(StrictArguments):
+    nodes: list[str] | None = None  # node names, ops or module paths (blocks.3.attn)
+    span: list[str] | None = Field(None, min_length=2, max_length=2)  # first and last node of a span
+    search: bool = False  # find a small set of nodes that fixes the outputs
+    dtype: str | None = None  # default: one step wider than each node's own
+    maxTrials: int = Field(DEFAULT_MAX_TRIALS, ge=1, le=10_000)
+
+    @model_validator(mode="after")
+    def _one_choice(self) -> "AblatePrecisionArguments":
+        chosen = [name for name in ("nodes", "span", "search") if getattr(self, name)]
+        if len(chosen) != 1:
+            raise ValueError("give exactly one of nodes, span or search: true")
+        return self
+
+
+@request("ablatePrecision")
+def ablate_precision(adapter: "Adapter", args: AblatePrecisionArguments) -> dict:
+    """Run nodes at higher precision from the checkpoint before them, measure the outputs, restore."""
+    with _working(adapter, "Precision ablation"):
+        f = adapter.session.forensics
+        if args.search:
+            return {"search": search(f, args.dtype, args.maxTrials).to_dict()}
+        nodes = _span(adapter, args.span) if args.span else _named(adapter, args.nodes)
+        return {"ablation": ablate(f, nodes, args.dtype).to_dict()}
+
+
+def _named(adapter: "Adapter", specs: list[str]) -> list[Node]:
+    program = adapter.session.program
+    found: dict[int, Node] = {}
+    for spec in specs:
+        hits = program.find_nodes(spec)
+        if not hits:
+            raise RewindError(f"no node, op or module path '{spec}' in the program")
+        found.update({i: program.nodes[i] for i in hits})
+    return [found[i] for i in sorted(found)]
+
+
+def _span(adapter: "Adapter", span: list[str]) -> list[Node]:
+    first, last = (_named(adapter, [name])[0 if i == 0 else -1].index for i, name in enumerate(span))
+    if last < first:
+        raise RewindError(f"the span's last node '{span[1]}' runs before its first '{span[0]}'")
+    program = adapter.session.program
+    return [n for n in program.nodes[first:last + 1] if adapter.session.forensics.floating_outputs(n)]
