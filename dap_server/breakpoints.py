@@ -33,7 +33,8 @@ EXCEPTION_FILTERS += [
     {"filter": "hang", "label": "Hang (many-core chip)", "default": False,
      "description": "Stop when every live unit of a node is blocked, with the wait-for graph"},
 ]
-EXCEPTION_KINDS = {"nan": "NaN", "inf": "Inf", "divergence": "Divergence", "race": "Race", "hang": "Hang"}  # exceptionInfo typeName, stopped text
+EXCEPTION_KINDS = {"nan": "NaN", "inf": "Inf", "divergence": "Divergence", "race": "Race",
+                   "hang": "Hang"}  # exceptionInfo typeName, stopped text
 DEFAULT_EXCEPTION_FILTERS = {f["filter"] for f in EXCEPTION_FILTERS if f["default"]}
 
 

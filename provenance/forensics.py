@@ -128,7 +128,8 @@ class Forensics:
             inputs = {n: tl.driver.from_host(self.reference.value(n).to(_torch_dtype(self.program.values[n].dtype)))
                       for n in node.input_names()}
             outputs = dict(zip(node.outputs, tl.run_node(node, inputs.__getitem__)))
-            self._introduced[key] = [self._compare(n, tl.driver.to_host(outputs[n])) for n in self.floating_outputs(node)]
+            self._introduced[key] = [self._compare(n, tl.driver.to_host(outputs[n]))
+                                     for n in self.floating_outputs(node)]
         return self._introduced[key]
 
     def _compare(self, name: str, test: torch.Tensor) -> Comparison:

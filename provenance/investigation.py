@@ -60,7 +60,8 @@ def render(inv: Investigation, sources: dict[str, str]) -> str:
     if inv.nonfinite:
         lines += _finding("First NaN/Inf", inv.nonfinite, sources)
         if inv.nonfinite.reference_agrees:
-            lines.append("  the reference has the same non-finite values: no precision removes them, the code must change")
+            lines.append("  the reference has the same non-finite values: no precision removes them, "
+                         "the code must change")
         elif inv.nonfinite.reference_agrees is False:
             lines.append("  the reference is finite here: this pass's precision causes it")
         lines.append("")
@@ -126,7 +127,8 @@ def _comparison(c: Comparison) -> str:
     verdict = "within tolerance" if c.within else "BEYOND TOLERANCE"
     bad = f", {c.nonfinite} NaN/Inf" if c.nonfinite else ""
     return (f"'{c.value}' ({c.dtype}): {c.mismatches} of {c.numel} elements beyond tolerance{bad}, max abs "
-            f"{c.max_abs:.3g}, rmse {c.rmse:.3g}, cosine {c.cosine:.6f}, error {_ratio(c.error)} x tolerance: {verdict}")
+            f"{c.max_abs:.3g}, rmse {c.rmse:.3g}, cosine {c.cosine:.6f}, error {_ratio(c.error)} x tolerance: "
+            f"{verdict}")
 
 
 def _stats(s: dict) -> str:
