@@ -39,6 +39,7 @@ class Ring:
     storage_of: Callable[[Any], tuple[Hashable, int]]  # tensor -> (allocation key, allocation bytes)
     tier: str = "host"
     spill: Callable[[VersionKey, Any], None] | None = None  # where evicted versions go (lower tiers)
+    pool: Any = None  # checkpoint.device_pool.DevicePool: retained versions are copies in it, not references
     free_storages: set = field(default_factory=set)  # allocations owned by the Program (cost nothing)
     _slots: dict[VersionKey, _Slot] = field(default_factory=dict)
     _refs: dict[Hashable, int] = field(default_factory=dict)  # allocation -> retained versions using it
@@ -50,7 +51,11 @@ class Ring:
 
     def get(self, key: VersionKey) -> Any | None:
         slot = self._slots.get(key)
-        return slot.tensor if slot else None
+        if slot is None:
+            return None
+        if self.pool is not None:
+            self.pool.ready(slot.tensor)
+        return slot.tensor
 
     def __contains__(self, key: VersionKey) -> bool:
         return key in self._slots
@@ -63,7 +68,7 @@ class Ring:
         storage, nbytes = self.storage_of(tensor)
         if storage in self.free_storages or self._refs.get(storage):
             return 0
-        return nbytes
+        return nbytes if self.pool is None else self.pool.cost(tensor)
 
     def put(self, key: VersionKey, tensor: Any, protect: Callable[[VersionKey], bool],
             distance: Callable[[VersionKey], Any], position: int) -> bool:
@@ -74,9 +79,12 @@ class Ring:
         if key in self._slots:
             return True
         need = self.cost(tensor)
-        if self.used + need > self.budget and not self._make_room(need, protect, distance, position, key):
+        if not self._room(need) and not self._make_room(need, protect, distance, position, key):
             return False
         storage, nbytes = self.storage_of(tensor)
+        if self.pool is not None and storage not in self.free_storages:
+            tensor = self.pool.adopt(tensor)  # the Program's own memory is never copied
+            storage, nbytes = self.pool.storage_of(tensor)
         self._slots[key] = _Slot(tensor, storage, nbytes)
         if storage not in self.free_storages:
             if not self._refs.get(storage):
@@ -94,6 +102,8 @@ class Ring:
         if self._refs[slot.storage] == 0:
             del self._refs[slot.storage]
             self.used -= self._sizes.pop(slot.storage)
+            if self.pool is not None:
+                self.pool.release(slot.storage)
 
     def drop_after(self, tick: int) -> None:
         """Forget versions written at or after `tick` and the checkpoints past it."""
@@ -112,7 +122,7 @@ class Ring:
     def _make_room(self, need: int, protect, distance, position: int, incoming: VersionKey) -> bool:
         if need > self.budget:
             return False
-        while self.used + need > self.budget:
+        while not self._room(need):
             pinned = self.pinned()
             candidates = [k for k in self._slots if k not in pinned and not protect(k) and k != incoming]
             if candidates:
@@ -125,6 +135,10 @@ class Ring:
             if not self._thin(position):
                 return False
         return True
+
+    def _room(self, need: int) -> bool:
+        """Can `need` more bytes be retained (in one free range of the pool, when there is one)?"""
+        return self.used + need <= self.budget and (self.pool is None or need == 0 or self.pool.fits(need))
 
     def _thin(self, position: int) -> bool:
         """Thin the checkpoint whose loss leaves the smallest gap relative to its distance from now: it

@@ -31,9 +31,13 @@ class HostTier:
         return key in self._items
 
     def put(self, key: VersionKey, tensor: Any) -> None:
+        if key not in self._items:
+            self.put_encoded(key, encode_tensor(tensor))
+
+    def put_encoded(self, key: VersionKey, enc: dict) -> None:
+        """Keep a version already compressed (`codec.encode_tensor`)."""
         if key in self._items:
             return
-        enc = encode_tensor(tensor)
         size = len(enc["data"])
         if size > self.budget:
             if self.below is not None:
@@ -67,6 +71,10 @@ class HostTier:
         if key in self._items:
             return "host (lz4)"
         return self.below.tier_of(key) if self.below is not None else None
+
+    def close(self) -> None:
+        if self.below is not None:
+            self.below.close()
 
 
 class DiskTier:

@@ -17,9 +17,11 @@ from typing import Any, Callable, Iterable, Mapping, NewType
 
 from checkpoint.branch import ArchiveBefore, Branch, Patch
 from checkpoint.ring import Checkpoint, Ring, VersionKey
+from checkpoint.spill import PinnedSpill
 from hardware.driver import Driver, WriteStats
 from hardware.errors import RewindError
 from hardware.program import Node, Program
+from hardware.stats_batch import WriteChecks
 from provenance.writelog import KIND_BUFFER, KIND_EDIT, KIND_NODE, KIND_VIEW, WriteLog
 
 Tick = NewType("Tick", int)
@@ -85,6 +87,8 @@ class Timeline:
     tiers: Any = None  # checkpoint.tiers.HostTier: where the ring spills (host lz4, then disk)
     recorder: Any = None  # checkpoint.trace.TraceWriter: continuous recording to a trace file
     archive: Any = None  # a trace opened for reading: versions it holds are loaded, not recomputed
+    check_batch: int | None = None  # writes whose on-device checks are read back together (None: the driver's)
+    device_pool: bool | None = None  # retain copies in a preallocated device pool (None: as the driver prefers)
     schedule: list[Step] = field(init=False)
     position: int = field(init=False, default=0)
     frontier: int = field(init=False, default=0)
@@ -105,10 +109,16 @@ class Timeline:
         self.node_tick = list(range(len(self.program.nodes)))
         self.versions: dict[str, list[int]] = {name: [INITIAL] for name in self.initial}
         self.log = WriteLog(self.program, self.chip.name)
+        batch = self.driver.check_batch if self.check_batch is None else self.check_batch
+        self.checks = WriteChecks(self.driver, self.log, batch) if batch != 1 else None  # 1: each at once
+        pooled = self.driver.pools_checkpoints if self.device_pool is None else self.device_pool
+        pool = self.driver.checkpoint_pool(self.budget) if pooled else None
+        if self.tiers is not None and (pool is not None or self.driver.pools_checkpoints):
+            self.tiers = PinnedSpill(self.tiers, self.driver.from_host, pool.stream if pool is not None else None)
         free = {self.driver.storage_key(t) for t in self.physical.values()}
         self.ring = Ring(self.budget, lambda t: (self.driver.storage_key(t), self.driver.storage_nbytes(t)),
                          tier="device" if "cuda" in self.chip.name else "host", free_storages=free,
-                         spill=self.tiers.put if self.tiers is not None else None)
+                         spill=self.tiers.put if self.tiers is not None else None, pool=pool)
         self.ring.checkpoints[0] = Checkpoint(0, frozenset(), self.ring.tier)
         if self.every is None:
             self.every = max(1, round(math.sqrt(len(self.program.nodes))))
@@ -346,9 +356,8 @@ class Timeline:
                     self.driver.copy_into(self.physical[buf], tensor)
                     self._physical_version[buf] = tick
                     self.versions[buf].append(tick)
-                    row = self.log.append(tick, unit, node.index, buf, KIND_BUFFER,
-                                          self.driver.locate_value(buf, self.physical[buf], unit),
-                                          self.driver.inspect(tensor))
+                    row = self._log_write(tick, unit, node.index, buf, KIND_BUFFER,
+                                          self.driver.locate_value(buf, self.physical[buf], unit), tensor)
                     if self.recorder is not None:
                         self.recorder.write(self.log.row(row))
             if (tick + 1) % self.every == 0:
@@ -356,16 +365,24 @@ class Timeline:
         finally:
             self._scratch.clear()
 
-    def _record(self, tick: int, node: int | None, name: str, kind: int, tensor: Any, unit: str) -> WriteStats:
-        stats = WriteStats.empty() if kind == KIND_VIEW else self.driver.inspect(tensor)
-        row = self.log.append(tick, unit, node, name, kind, self.driver.locate_value(name, tensor, unit), stats)
+    def _record(self, tick: int, node: int | None, name: str, kind: int, tensor: Any, unit: str) -> None:
+        row = self._log_write(tick, unit, node, name, kind, self.driver.locate_value(name, tensor, unit), tensor)
         self.versions.setdefault(name, []).append(tick)
         self._store((name, tick), tensor)
         if self.recorder is not None:
             self.recorder.write(self.log.row(row))
             if kind != KIND_VIEW:  # a view is recomputed from what it views, without the device
                 self.recorder.version(name, tick, tensor)
-        return stats
+
+    def _log_write(self, tick: int, unit: str, node: int | None, name: str, kind: int, location: Any,
+                   tensor: Any) -> int:
+        """Log one write with its checks; batched, they run on the device and fill the row when their batch lands."""
+        if kind == KIND_VIEW or self.checks is None:
+            stats = WriteStats.empty() if kind == KIND_VIEW else self.driver.inspect(tensor)
+            return self.log.append(tick, unit, node, name, kind, location, stats)
+        row = self.log.append(tick, unit, node, name, kind, location, None)
+        self.checks.add(row, tick, tensor)
+        return row
 
     def _checkpoint(self, tick: int) -> None:
         pins = frozenset(k for n in self.live(tick) if (k := (n, self.version_at(n, tick))) in self.ring)

@@ -47,6 +47,8 @@ def initialize(adapter: "Adapter", args: InitializeArguments) -> dict:
 class CheckpointOptions(StrictArguments):
     budgetMB: float = Field(1024.0, gt=0)
     every: int | None = Field(None, ge=1)
+    checkBatch: int | None = Field(None, ge=1)  # writes whose on-device checks are read back together
+    devicePool: bool | None = None  # copy checkpoints into a preallocated device pool (default: on a GPU)
 
 
 # Attributes every VS Code launch configuration may carry; they mean nothing to the adapter.
@@ -78,9 +80,9 @@ class LaunchArguments(StrictArguments):
     def options(self) -> LaunchOptions:
         return LaunchOptions(program=self.program, entry=self.entry, driver=self.driver,
                              budget_mb=self.checkpoint.budgetMB, every=self.checkpoint.every,
+                             check_batch=self.checkpoint.checkBatch, device_pool=self.checkpoint.devicePool,
                              stop_on_entry=self.stopOnEntry, reference=self.reference, rtol=self.rtol,
-                             atol=self.atol, seed=self.seed, schedule=self.schedule,
-                             faults=self.faults)
+                             atol=self.atol, seed=self.seed, schedule=self.schedule, faults=self.faults)
 
 
 @request("launch")

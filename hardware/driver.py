@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from hardware.errors import DriverError
 from hardware.memory import Location
@@ -58,10 +58,27 @@ class WriteStats:
         return WriteStats(0, 0, 0, math.nan, math.nan, math.nan)
 
 
+class ChecksReadback:
+    """A batch of on-device checks on its way to the host (`Driver.read_checks`); this one has arrived."""
+
+    def __init__(self, stats: list[WriteStats]):
+        self._stats = stats
+
+    def ready(self) -> bool:
+        return True
+
+    def stats(self) -> list[WriteStats]:
+        """The batch's stats in the order of its checks (waiting for them if they are still on their way)."""
+        return self._stats
+
+
 class Driver(ABC):
     """One chip. All methods run on the session's worker thread."""
 
     name: str
+    check_batch = 1  # writes whose checks a Timeline reads back together (1: each one as it is written)
+    pools_checkpoints = False  # whether the ring copies retained versions into `checkpoint_pool` by default
+    on_report: Callable[[str], None] | None = None  # what the driver tells the user (the Session shows it)
 
     @abstractmethod
     def describe(self) -> Chip: ...
@@ -138,6 +155,25 @@ class Driver(ABC):
 
     def forget(self, nodes: list[int]) -> None:
         """The Timeline forgot these nodes' runs (an edit rewrites their future): drop what was kept of them."""
+
+    # -- a GPU: checks read back in batches, a device-side checkpoint pool, the caching allocator -----
+    def check(self, tensor: Any) -> Any:
+        """Start the checks `inspect` makes of a write without waiting for them; `read_checks` collects them."""
+        return self.inspect(tensor)
+
+    def read_checks(self, checks: list[Any], tensors: list[Any]) -> ChecksReadback:
+        """Send a batch of `check` results to the host (asynchronously where the chip can). `tensors` are the
+        values written, for a check that needs a closer look (a NaN's finite-only stats)."""
+        return ChecksReadback(list(checks))
+
+    def checkpoint_pool(self, capacity: int) -> Any:
+        """A preallocated pool of `capacity` bytes on the device that the ring copies retained versions into."""
+        raise DriverError(f"driver {self.name} has no device-side checkpoint pool")
+
+    def allocator_info(self, address: int) -> dict[str, Any]:
+        """What the chip's allocator knows now of the memory at `address` (segment, block, stream, pool).
+        Asked for on demand, never per write: it may cost a snapshot of the allocator."""
+        return {}
 
 
 def open_driver(spec: str, options: Mapping[str, Any] | None = None) -> Driver:

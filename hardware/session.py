@@ -24,6 +24,7 @@ import torch
 from checkpoint import recording
 from checkpoint.tiers import DiskTier, HostTier
 from checkpoint.timeline import Tick, Timeline
+from hardware.address_map import occupant
 from hardware.breakpoints import (Breakpoint, check_breakpoint_expressions, function_positions, line_positions,
                                   resolve_line)
 from hardware.driver import open_driver
@@ -93,6 +94,8 @@ class LaunchOptions:
     host_mb: float = 0.0  # host tier (lz4) the ring spills into; 0: none
     disk_mb: float = 0.0  # disk tier below the host tier; 0: none
     spill_dir: str | None = None
+    check_batch: int | None = None  # writes whose on-device checks are read back together; None: the driver's
+    device_pool: bool | None = None  # copy checkpoints into a preallocated device pool; None: on a GPU
     record: str | None = None  # record continuously to this trace file
     trace: str | None = None  # open this trace instead of running a program
     reference: str | None = None  # forensics: torch:cpu:float64 (the default), a trace, or saved values
@@ -134,6 +137,7 @@ class Session:
         self.last_stop: Stop | None = None
         self._next_bp_id = 1
         self._pause = threading.Event()
+        self._deferred: list[int] = []  # exception checks waiting for their ticks' on-device checks
         self._positions_cache: dict[int, tuple] = {}
         self._forensics = None
         self._instructions = None  # InstructionCursor, on a driver whose nodes run as instruction streams
@@ -155,6 +159,8 @@ class Session:
                 self.on_event(SessionEvent("output", {"category": "important", "text": warning + "\n"}))
         else:
             driver = open_driver(options.driver, options.driver_options())
+            driver.on_report = lambda text: self.on_event(SessionEvent("output", {"category": "important",
+                                                                                   "text": text + "\n"}))
             self.program = program or load_program(options.program, options.entry)
             self.timeline = self._make_timeline(self.program, driver, None)
             if options.record:
@@ -177,7 +183,8 @@ class Session:
             disk = DiskTier(int(o.disk_mb * 2**20), o.spill_dir) if o.disk_mb > 0 else None
             tiers = HostTier(int(o.host_mb * 2**20), disk)
         return Timeline(program, driver, budget=int(o.budget_mb * 2**20), every=o.every,
-                        on_nondeterminism=self._report_nondeterminism, tiers=tiers, archive=archive)
+                        on_nondeterminism=self._report_nondeterminism, tiers=tiers, archive=archive,
+                        check_batch=o.check_batch, device_pool=o.device_pool)
 
     def save_trace(self, path: str) -> dict:
         """Write the whole recorded run to `path` (values evicted from the ring are recomputed)."""
@@ -198,8 +205,8 @@ class Session:
             return
         if tl.recorder is not None:
             tl.recorder.close()
-        if tl.tiers is not None and tl.tiers.below is not None:
-            tl.tiers.below.close()
+        if tl.tiers is not None:
+            tl.tiers.close()
 
     def _report_nondeterminism(self, finding) -> None:
         self.on_event(SessionEvent("output", {"category": "important", "text": str(finding) + "\n"}))
@@ -332,10 +339,12 @@ class Session:
         if step < 0 and inside:
             q += 1  # going back crosses the rest of the node at q first
         first = True
+        self._deferred = []  # ticks passed whose checks were still on the device
         while True:
             if step > 0 and q >= tl.end:
-                tl.seek(tl.end)
-                return self._stopped(Stop("end", tl.end, "end of program"))
+                stop = self._late_exception(settle=True) or Stop("end", tl.end, "end of program")
+                tl.seek(stop.tick)
+                return self._stopped(stop)
             if step < 0 and q <= 0:
                 tl.seek(0)
                 return self._stopped(Stop("entry", 0, "beginning of the program"))
@@ -354,6 +363,9 @@ class Session:
                 stop = self._breakpoint_stop(q, direction)
             if stop is None and self._pause.is_set():
                 stop = Stop("pause", q, "paused")
+            late = self._late_exception(settle=stop is not None)
+            if late is not None and (stop is None or late.tick < stop.tick):
+                stop, q = late, late.tick
             if stop is not None:
                 tl.seek(q)
                 return self._stopped(self._end_or(stop))
@@ -503,10 +515,35 @@ class Session:
             reason = "data breakpoint" if kinds == {"data"} else (
                 "function breakpoint" if kinds == {"function"} else "breakpoint")
             return Stop(reason, q, ", ".join(_describe_bp(bp) for bp in hit), [bp.id for bp in hit])
-        if self.exception_filters and q > 0:
+        if self.exception_filters and q > 0 and not self._defer(q - 1, direction):
             details = self._exception_at(q - 1)
             if details is not None:
                 return Stop("exception", q, details.description(), exception=details)
+        return None
+
+    def _defer(self, tick: int, direction: Direction) -> bool:
+        """Must the exception check of `tick` wait for its on-device checks, still on their way (going forward)?"""
+        checks = self.tl.checks
+        if direction is Direction.FORWARD and checks is not None and checks.waiting(tick):
+            self._deferred.append(tick)
+            return True
+        return False
+
+    def _late_exception(self, settle: bool) -> Stop | None:
+        """The first deferred tick whose checks have landed (all have, when `settle`) and show an exception: the
+        scan stops after the tick that set the flag, however many ticks later it came back."""
+        if not self._deferred:
+            return None
+        checks = self.tl.checks
+        if settle:
+            checks.settle()
+        else:
+            checks.poll()
+        while self._deferred and not checks.waiting(self._deferred[0]):
+            details = self._exception_at(tick := self._deferred.pop(0))
+            if details is not None:
+                self._deferred.clear()
+                return Stop("exception", tick + 1, details.description(), exception=details)
         return None
 
     def _exception_at(self, tick: int) -> ExceptionDetails | None:
@@ -699,6 +736,10 @@ class Session:
 
     def who_wrote(self, address: int) -> WriteRecord | None:
         return self.tl.log.last_writer(address=address, before=self.tl.position)
+
+    def value_at(self, address: int, position: int | None = None) -> dict:
+        """Which value lives at device address `address` at a position (now by default): the reverse of `locate`."""
+        return occupant(self.tl, address, self.tl.position if position is None else position)
 
     def evaluate(self, expression: str, level: int = 0) -> Any:
         """A safe expression over the values at the position; source variables as stack frame `level` sees them."""

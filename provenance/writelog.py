@@ -74,6 +74,7 @@ class WriteLog:
         self._n = 0
         self._cols = {name: np.zeros(capacity, dtype=dt) for name, dt in _COLUMNS}
         self._units, self._values, self._spaces = _Interned(), _Interned(), _Interned()
+        self.pending = None  # hardware.stats_batch.WriteChecks: rows whose stats are still on the device
 
     def __len__(self) -> int:
         return self._n
@@ -83,7 +84,9 @@ class WriteLog:
         return sum(c.nbytes for c in self._cols.values())
 
     def append(self, tick: int, unit: str, node: int | None, value: str, kind: int,
-               location: Location, stats: WriteStats) -> int:
+               location: Location, stats: WriteStats | None) -> int:
+        """Log one write; `stats` None: its checks are still on the device and `fill` brings them."""
+        stats = WriteStats.empty() if stats is None else stats
         self._reserve(1)
         i = self._n
         row = {
@@ -97,8 +100,19 @@ class WriteLog:
         self._n += 1
         return i
 
+    def fill(self, i: int, stats: WriteStats) -> None:
+        """The stats of row i, come back from the device."""
+        for name in ("digest", "nan", "inf", "min", "max", "mean"):
+            self._cols[name][i] = getattr(stats, name)
+
+    def _settle(self, row: int | None = None) -> None:
+        """Wait for the device's checks of row `row` (of every row: None) if they are still on their way."""
+        if self.pending is not None and self.pending.holds(row):
+            self.pending.settle()
+
     def row(self, i: int) -> list:
         """Record i as a plain list (for trace files); `append_row` takes it back."""
+        self._settle(i)
         c = {name: col[i].item() for name, col in self._cols.items()}
         return [c["tick"], self._units.items[c["unit"]], c["node"], self._values.items[c["value"]], c["kind"],
                 self._spaces.items[c["space"]], c["address"], c["nbytes"], c["digest"], c["nan"], c["inf"],
@@ -113,9 +127,12 @@ class WriteLog:
     def truncate(self, tick: int) -> None:
         """Forget every record at or after `tick` (the future of a rewritten history)."""
         self._n = self._first_at(tick)
+        if self.pending is not None:
+            self.pending.forget_from(self._n)
 
     def tail(self, tick: int) -> dict[str, np.ndarray]:
         """A copy of the records at or after `tick` (a branch sets its original future aside)."""
+        self._settle()
         keep = self._first_at(tick)
         return {name: col[keep: self._n].copy() for name, col in self._cols.items()}
 
@@ -139,6 +156,7 @@ class WriteLog:
         return self._cols[name][: self._n]
 
     def record(self, i: int) -> WriteRecord:
+        self._settle(i)
         c = {name: col[i] for name, col in self._cols.items()}
         node_idx = int(c["node"])
         node = self.program.nodes[node_idx] if node_idx >= 0 else None
@@ -189,6 +207,7 @@ class WriteLog:
         return self.record(int(hits[-1])) if len(hits) else None
 
     def first_nonfinite(self, after: int = -1, nan: bool = True, inf: bool = True) -> WriteRecord | None:
+        self._settle()
         mask = self._col("tick") > after
         bad = np.zeros(self._n, dtype=bool)
         if nan:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import ctypes
-import math
 import sys
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from hardware.driver import Chip, Driver, MemorySpace, Unit, WriteStats
+from checkpoint.device_pool import DevicePool
+from hardware.determinism import OpWatch, make_deterministic
+from hardware.driver import Chip, ChecksReadback, Driver, MemorySpace, Unit, WriteStats
+from hardware.drivers import torch_checks
+from hardware.drivers.cuda_allocator import block_at
 from hardware.errors import DriverError, UnsupportedOpError
 from hardware.memory import Location
 from hardware.program import Node, Program
@@ -40,13 +44,22 @@ _WIDTH_BOUND_OPS = ("aten.view.dtype",)
 
 
 class TorchDriver(Driver):
-    def __init__(self, device: torch.device, compute: torch.dtype | None = None):
+    def __init__(self, device: torch.device, compute: torch.dtype | None = None, deterministic: bool | None = None):
+        """`deterministic`: switch torch to deterministic kernels, process-wide (None: on a GPU, where replay
+        needs it; the CPU's kernels already are)."""
         if device.type == "cpu" and sys.platform.startswith("linux"):
             _keep_freed_memory()
         self.device = device
         self.compute = compute  # every floating op runs in this dtype (None: as the Program says)
         self.name = f"torch:{device}" + (f":{_dtype_name(compute)}" if compute is not None else "")
-        self._segments: list[dict] | None = None
+        on_gpu = device.type == "cuda"
+        self.check_batch = 64 if on_gpu else 1  # a GPU reads its checks back in batches, asynchronously
+        self.pools_checkpoints = on_gpu
+        self.watch: OpWatch | None = None  # set while deterministic: reports the ops that are not
+        self.caveats: list[str] = []
+        if on_gpu if deterministic is None else deterministic:
+            self.replaced, self.caveats = make_deterministic()  # `replaced`: the settings to restore
+            self.watch = OpWatch(self._report_nondeterministic)
 
     @classmethod
     def from_spec(cls, spec: str) -> "TorchDriver":
@@ -89,6 +102,8 @@ class TorchDriver(Driver):
         bad = sorted({n.op for n in program.nodes if not callable(n.target)})
         if bad:
             raise UnsupportedOpError(f"the torch driver cannot run: {', '.join(bad)}")
+        for caveat in self.caveats:
+            self._report(caveat)
         if self.compute is not None:
             bound = sorted({n.op for n in program.nodes if n.op.startswith(_WIDTH_BOUND_OPS)})
             if bound:
@@ -98,6 +113,11 @@ class TorchDriver(Driver):
         return {name: t.to(self.device).clone() for name, t in program.initial.items()}
 
     def execute(self, node: Node, args: tuple, kwargs: dict) -> list[Any]:
+        if self.watch is not None and self.watch.watches(node.op):
+            return self.watch.run(node.op, lambda: self._execute(node, args, kwargs))
+        return self._execute(node, args, kwargs)
+
+    def _execute(self, node: Node, args: tuple, kwargs: dict) -> list[Any]:
         if self.compute is not None:
             return self._run_widened(node, args, kwargs, self.compute)
         with torch.no_grad():
@@ -129,81 +149,53 @@ class TorchDriver(Driver):
 
     # -- where values live ---------------------------------------------------------------
     def locate(self, tensor: torch.Tensor, unit: str | None = None) -> Location:
-        extent = _extent_bytes(tensor)
+        """Where a tensor's elements are (cheap: the write log asks for every write; the caching allocator's
+        view of the memory is `allocator_info`)."""
         extra: dict[str, Any] = {
             "storage": tensor.untyped_storage().data_ptr(),
             "storage_offset_bytes": tensor.storage_offset() * tensor.element_size(),
         }
-        space = "host"
-        if tensor.device.type == "cuda":
-            space = "HBM"
-            extra.update(self._allocator_block(tensor.data_ptr()))
-        return Location(chip=str(tensor.device), unit=unit or self.unit_name, space=space,
-                        address=tensor.data_ptr(), nbytes=extent, dtype=str(tensor.dtype).removeprefix("torch."),
-                        shape=tuple(tensor.shape), strides=tuple(tensor.stride()), extra=extra)
+        return Location(chip=str(tensor.device), unit=unit or self.unit_name,
+                        space="HBM" if tensor.device.type == "cuda" else "host", address=tensor.data_ptr(),
+                        nbytes=_extent_bytes(tensor), dtype=_dtype_name(tensor.dtype), shape=tuple(tensor.shape),
+                        strides=tuple(tensor.stride()), extra=extra)
 
-    def _allocator_block(self, address: int) -> dict[str, Any]:
-        """The caching allocator's segment and block that hold `address` (CUDA only)."""
-        for attempt in range(2):
-            if self._segments is None or attempt == 1:
-                self._segments = torch.cuda.memory_snapshot()
-            for seg in self._segments:
-                base = seg["address"]
-                if base <= address < base + seg["total_size"]:
-                    offset = base
-                    for block in seg["blocks"]:
-                        if offset <= address < offset + block["size"]:
-                            return {"segment": hex(base), "segment_size": seg["total_size"],
-                                    "block": hex(offset), "block_size": block["size"],
-                                    "block_state": block["state"], "stream": seg.get("stream"),
-                                    "pool": seg.get("segment_type")}
-                        offset += block["size"]
-        return {}
+    def allocator_info(self, address: int) -> dict[str, Any]:
+        """The caching allocator's segment, block, stream and pool holding `address` now (CUDA only)."""
+        if self.device.type != "cuda":
+            return {}
+        try:
+            segments = torch.cuda.memory_snapshot(include_traces=False)
+        except TypeError:  # a torch before 2.6 has no light snapshot
+            segments = torch.cuda.memory_snapshot()
+        return block_at(segments, address, self.device.index)
+
+    def placement(self, name: str, tensor: torch.Tensor) -> tuple[Location, ...]:
+        """The value's Location with the allocator's segment and block (on a GPU): asked for on demand."""
+        loc = self.locate_value(name, tensor)
+        return (replace(loc, extra={**loc.extra, **self.allocator_info(loc.address)}),)
 
     # -- on-device checks ----------------------------------------------------------------
     def inspect(self, tensor: torch.Tensor) -> WriteStats:
-        """Three reductions on the device (digest, min/max, sum); NaN/Inf are counted only when min/max
-        show one is there (aminmax propagates NaN, and an Inf is an extreme)."""
-        n = tensor.numel()
-        if n == 0:
-            return WriteStats.empty()
-        flat = tensor.reshape(-1)
-        digest = int(self._digest(flat))
-        x = flat.view(torch.uint8) if flat.dtype == torch.bool else flat
-        if x.is_complex():
-            x = x.abs()
-        if not x.is_floating_point():
-            lo, hi = torch.aminmax(x)
-            lo_v, hi_v, total = torch.stack([lo.double(), hi.double(), x.sum(dtype=torch.float64)]).tolist()
-            return WriteStats(digest, 0, 0, lo_v, hi_v, total / n)
-        acc = x.sum(dtype=torch.float32 if x.element_size() < 4 else None)
-        lo, hi = torch.aminmax(x)
-        lo_v, hi_v, total = torch.stack([lo.double(), hi.double(), acc.double()]).tolist()
-        if math.isfinite(lo_v) and math.isfinite(hi_v):
-            if not math.isfinite(total):  # the sum overflowed its accumulator: redo it wide
-                total = float(x.sum(dtype=torch.float64))
-            return WriteStats(digest, 0, 0, lo_v, hi_v, total / n)
-        nan_mask, inf_mask = torch.isnan(x), torch.isinf(x)
-        finite = x[~(nan_mask | inf_mask)]
-        nan, inf = int(nan_mask.sum()), int(inf_mask.sum())
-        if not finite.numel():
-            return WriteStats(digest, nan, inf, math.nan, math.nan, math.nan)
-        lo, hi = torch.aminmax(finite)
-        lo_v, hi_v, total = torch.stack([lo.double(), hi.double(), finite.sum(dtype=torch.float64)]).tolist()
-        return WriteStats(digest, nan, inf, lo_v, hi_v, total / finite.numel())
+        return torch_checks.inspect(tensor)
 
-    @staticmethod
-    def _digest(flat: torch.Tensor) -> torch.Tensor:
-        """A checksum of the bytes computed on the device: the wrapping sum of their widest words.
+    def check(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        return torch_checks.pack(tensor)
 
-        One pass, no temporaries; any change of one word changes it. It does not see a permutation
-        of whole words, which no non-deterministic kernel produces without also changing values."""
-        raw = flat.contiguous().view(torch.uint8)
-        nbytes = raw.numel()
-        for dtype, width in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
-            if nbytes % width == 0:
-                return raw.view(dtype).sum(dtype=torch.int64) + nbytes
-        return raw.sum(dtype=torch.int64) + nbytes
+    def read_checks(self, checks: list[Any], tensors: list[Any]) -> ChecksReadback:
+        return torch_checks.TorchReadback(checks, tensors)
+
+    def checkpoint_pool(self, capacity: int) -> DevicePool:
+        return DevicePool(capacity, self.device)
+
+    # -- determinism ---------------------------------------------------------------------
+    def _report(self, text: str) -> None:
+        if self.on_report is not None:
+            self.on_report(text)
+
+    def _report_nondeterministic(self, op: str, kernel: str) -> None:
+        self._report(f"{op} runs {kernel} on {self.device}, which torch has no deterministic kernel for: "
+                     "replaying its ticks may write different bits (the replay digest check reports where)")
 
     # -- bytes ---------------------------------------------------------------------------
     def read(self, tensor: torch.Tensor, offset: int, count: int) -> bytes:

@@ -1,0 +1,249 @@
+"""GPU benchmark (issue 7): the torch driver on the chip, every figure measured side by side in one run.
+
+    python3 benchmarks/gpu.py --out gpu.md                    # one NVIDIA GPU: 12 layers, width 1024, 8 x 512 tokens
+    python3 benchmarks/gpu.py --device cpu --small --out x.md # the same script end to end on a CPU, a small model
+
+Two configurations of the checkpoint ring run on either device: the device tier (a preallocated pool,
+copies on a side stream, checks read back 64 writes at a time) and by reference with each write's
+checks read back at once (the CPU's defaults). Prints a markdown table and writes it to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
+
+from hardware.determinism import current, make_deterministic  # noqa: E402
+
+_, CAVEATS = make_deterministic()  # before CUDA starts: cuBLAS reads its workspace config once
+
+import torch  # noqa: E402
+
+import gpt  # noqa: E402
+from benchmarks.engine import sync, timed  # noqa: E402
+from hardware.drivers import torch_checks  # noqa: E402
+from hardware.drivers.torch import TorchDriver  # noqa: E402
+from hardware.frontends.torch_export import export_program  # noqa: E402
+from hardware.session import Direction, LaunchOptions, Session  # noqa: E402
+
+FULL = dict(vocab=1024, width=1024, heads=16, depth=12, tokens=512, batch=8)
+SMALL = dict(vocab=256, width=128, heads=4, depth=2, tokens=64, batch=2)
+DEVICE_TIER = dict(device_pool=True, check_batch=64)
+BY_REFERENCE = dict(device_pool=False, check_batch=1)
+
+
+def median_time(fn, device: str, repeats: int) -> float:
+    return statistics.median(timed(fn, device) for _ in range(repeats))
+
+
+def free(device: str) -> None:
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace):
+        self.device, self.repeats = args.device, args.repeats
+        self.cfg = SMALL if args.small else FULL
+        model, inputs = gpt.build(**self.cfg)
+        t = time.perf_counter()
+        self.program = export_program(model, inputs, "gpt")
+        self.export_s = time.perf_counter() - t
+        self.model = model.to(self.device).eval()
+        self.inputs = tuple(i.to(self.device) for i in inputs)
+        self.driver = TorchDriver.from_spec(f"torch:{self.device}")
+        self.initial = self.driver.load(self.program)
+        self.nodes = len(self.program.nodes)
+
+    def session(self, budget: int, host: int = 0, **options) -> Session:
+        s = Session()
+        s.launch(LaunchOptions("gpt.py", driver=f"torch:{self.device}", budget_mb=budget / 2**20,
+                               host_mb=host / 2**20, **options), program=self.program)
+        return s
+
+    def eager(self) -> None:
+        with torch.no_grad():
+            self.model(*self.inputs)
+
+    def node_by_node(self) -> None:
+        """The Program run by the driver one node at a time, each value freed after its last use: no checkpoints,
+        no checks, no write log (what a torch.fx Interpreter does)."""
+        program, driver, initial = self.program, self.driver, self.initial
+        env = dict(initial)
+        for node in program.nodes:
+            args, kwargs = node.bind(env.__getitem__)
+            env.update(zip(node.outputs, driver.execute(node, args, kwargs)))
+            for name in node.input_names():
+                if program.values[name].last_use == node.index and name not in initial:
+                    env.pop(name, None)
+
+    def run_session(self, budget: int, host: int = 0, repeats: int | None = None, **options) -> tuple[float, Session]:
+        times, s = [], None
+        for _ in range(repeats or self.repeats):
+            s = None
+            free(self.device)
+            s = self.session(budget, host, **options)
+            times.append(timed(s.run, self.device))
+        return statistics.median(times), s
+
+
+def step_back_ms(bench: Bench, s: Session, samples: int) -> tuple[float, float]:
+    tl, rng, lat = s.tl, random.Random(0), []
+    for _ in range(samples):
+        s.goto(rng.randint(1, tl.end))
+
+        def back():
+            s.step(Direction.REVERSE, "statement")
+            for name in tl.live():
+                tl.value(name)
+        lat.append(timed(back, bench.device) * 1e3)
+    lat.sort()
+    return lat[len(lat) // 2], lat[max(0, int(len(lat) * 0.95) - 1)]
+
+
+def fresh_process_s(bench: Bench) -> float:
+    code = ("import sys, torch; sys.path[:0]=[{root!r},{ex!r}]; import gpt; "
+            "from hardware.frontends.torch_export import export_program; "
+            "m,i=gpt.build(**{cfg!r}); p=export_program(m,i,'gpt'); m=m.to({dev!r}).eval(); "
+            "i=tuple(x.to({dev!r}) for x in i)\nwith torch.no_grad(): m(*i)\n"
+            "if {dev!r}.startswith('cuda'): torch.cuda.synchronize()"
+            ).format(root=str(ROOT), ex=str(ROOT / "examples"), cfg=bench.cfg, dev=bench.device)
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    return time.perf_counter() - t
+
+
+def check_costs(bench: Bench) -> dict[str, float]:
+    """ms per GB of the on-device checks, on one large tensor of the model's dtype."""
+    nbytes = (1 << 30) if bench.device.startswith("cuda") else (64 << 20)
+    x = torch.randn(nbytes // 4, device=bench.device)
+    gb = nbytes / 2**30
+    loops = 10 if bench.device.startswith("cuda") else 3
+
+    def per_gb(fn) -> float:
+        fn()
+        return median_time(lambda: [fn() for _ in range(loops)], bench.device, 3) / loops / gb * 1e3
+
+    return {
+        "digest (one pass, wrapping int64 sum)": per_gb(lambda: torch_checks.digest(x)),
+        "min/max + sum (a NaN or Inf shows in them)": per_gb(lambda: (torch.aminmax(x), x.sum())),
+        "every write's checks, left on the device (batched path)": per_gb(lambda: torch_checks.pack(x)),
+        "every write's checks, read back at once (immediate path)": per_gb(lambda: torch_checks.inspect(x)),
+        "NaN/Inf counts, only for a write that shows one": per_gb(
+            lambda: (torch.count_nonzero(torch.isnan(x)), torch.count_nonzero(torch.isinf(x)))),
+    }
+
+
+def measure(bench: Bench, samples: int) -> list[tuple[str, str]]:
+    device = bench.device
+    bench.eager()
+    eager_s = median_time(bench.eager, device, bench.repeats * 2)
+    interp_s = median_time(bench.node_by_node, device, bench.repeats)
+
+    probe = bench.session(1 << 40, **BY_REFERENCE)
+    probe.run()
+    intermediate = probe.tl.ring.used
+    del probe
+    ample = int(intermediate * 1.1) + (64 << 20)
+    tier_s, tier = bench.run_session(ample, **DEVICE_TIER)
+    pool, checked = tier.tl.ring.pool, sum(1 for r in tier.tl.log if r.kind != "view")
+    copies = (f"{pool.copies} copies, {_size(pool.bytes_copied)} into the pool; {tier.tl.checks.readbacks} readbacks "
+              f"for {checked} checked writes (at once: {checked})")
+    del pool  # the pool's buffer goes with the session
+    nondet = tier.tl.replay_check(int(tier.end * 0.75))
+    found_ops = dict(tier.tl.driver.watch.found) if tier.tl.driver.watch else {}
+    del tier
+    ref_s = bench.run_session(ample, **BY_REFERENCE)[0]
+
+    quarter = intermediate // 4
+    evict_s, evicting = bench.run_session(quarter, host=2 * intermediate, repeats=2, **DEVICE_TIER)  # lz4 is slow
+    evictions, staged = evicting.tl.ring.evictions, evicting.tl.tiers.staged
+    p50, p95 = step_back_ms(bench, evicting, samples)
+    evicting.close()
+    del evicting
+
+    free(device)
+    s = bench.session(ample, **DEVICE_TIER)
+    s.run()
+    at = int(s.end * 0.75)
+    replay_s = median_time(lambda: s.tl.reexecute_from(at), device, bench.repeats)
+    del s
+    free(device)
+    fresh_s = fresh_process_s(bench)
+    costs = check_costs(bench)
+
+    node_ms = eager_s / bench.nodes * 1e3
+    cfg = bench.cfg
+    return [
+        ("model", f"examples/gpt.py: {cfg['depth']} layers, width {cfg['width']}, {cfg['heads']} heads, batch "
+                  f"{cfg['batch']} x {cfg['tokens']} tokens, float32; {bench.nodes} nodes, "
+                  f"{_size(intermediate)} of intermediates"),
+        ("export (one-time)", f"{bench.export_s:.2f} s"),
+        ("eager forward", f"{eager_s * 1e3:.1f} ms"),
+        ("node by node, no checkpoints, no checks", f"{interp_s * 1e3:.1f} ms = {interp_s / eager_s:.2f}x eager"),
+        ("continuous checkpointing, device tier", f"{tier_s * 1e3:.1f} ms = {tier_s / eager_s:.2f}x eager "
+                                                  "(target <= 1.10x)"),
+        ("continuous checkpointing, by reference, checks at once", f"{ref_s * 1e3:.1f} ms = {ref_s / eager_s:.2f}x "
+                                                                    f"eager ({ref_s / tier_s:.2f}x the device tier)"),
+        ("device tier: copies, host syncs for checks", copies),
+        ("budget 25% of intermediates (evicts, spills to pinned host + lz4)",
+         f"{evict_s * 1e3:.1f} ms = {evict_s / eager_s:.2f}x eager; {evictions} evictions, {staged} spilled"),
+        ("step back at random ticks, 25% budget", f"p50 {p50:.2f} ms, p95 {p95:.2f} ms ({p95 / node_ms:.1f} mean node "
+                                                  "times) (target p95 <= 5 ms)"),
+        ("restore at 75% + replay the last quarter", f"{replay_s * 1e3:.1f} ms vs fresh process export + run "
+                                                     f"{fresh_s:.2f} s = {fresh_s / replay_s:.0f}x faster "
+                                                     "(target >= 100x)"),
+        *((f"check cost: {name}", f"{ms:.2f} ms per GB") for name, ms in costs.items()),
+        ("determinism", ", ".join(f"{k}={v}" for k, v in current().to_dict().items()) +
+         "".join(f"; caveat: {c}" for c in CAVEATS)),
+        ("ops without a deterministic kernel", ", ".join(f"{op} ({k})" for op, k in found_ops.items()) or "none"),
+        ("replay digest check, last quarter", f"{len(nondet)} mismatches" +
+         (f" (first: {nondet[0]})" if nondet else "")),
+    ]
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def table(rows: list[tuple[str, str]], device: str) -> str:
+    name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else \
+        f"{platform.machine()} CPU, {os.cpu_count()} cores"
+    head = [f"GPU benchmark (benchmarks/gpu.py), {datetime.date.today().isoformat()}, device {device}: {name}, "
+            f"torch {torch.__version__}", "", "| measure | figure |", "|---|---|"]
+    return "\n".join(head + [f"| {k} | {v} |" for k, v in rows]) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu")
+    ap.add_argument("--small", action="store_true", help="a small model (for a CPU check that the script runs)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--samples", type=int, default=40, help="step-back samples")
+    ap.add_argument("--out", help="also write the table to this file")
+    args = ap.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        sys.exit("no CUDA device here: run with --device cpu --small to check the script on a CPU")
+    started = time.perf_counter()
+    text = table(measure(Bench(args), args.samples), args.device)
+    text += f"\n(whole benchmark: {time.perf_counter() - started:.0f} s)\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()

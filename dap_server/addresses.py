@@ -1,0 +1,36 @@
+"""`valueAt`: which value lives at a device address at a tick, the reverse of `locate` (docs/protocol.md)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dap_server.requests import StrictArguments, request
+from hardware.errors import RewindError
+
+if TYPE_CHECKING:
+    from dap_server.adapter import Adapter
+
+
+class ValueAtArguments(StrictArguments):
+    address: str | int  # a device address: an integer, or a string "0x7f3a..." (a DAP memory reference)
+    tick: int | None = None  # default: the current position
+
+
+@request("valueAt")
+def value_at(adapter: "Adapter", args: ValueAtArguments) -> dict:
+    adapter.require_launched()
+    session = adapter.session
+    tick = session.position if args.tick is None else args.tick
+    if not 0 <= tick <= session.end:
+        raise RewindError(f"tick {tick} is outside the program (0..{session.end})")
+    return session.value_at(_address(args.address), tick)
+
+
+def _address(address: str | int) -> int:
+    try:
+        value = address if isinstance(address, int) else int(address, 0)
+    except ValueError:
+        raise RewindError(f"'{address}' is not an address (write it as 0x7f3a... or in decimal)") from None
+    if value < 0:
+        raise RewindError(f"address {value} is negative")
+    return value

@@ -1,0 +1,106 @@
+"""Bit-exact replay where torch allows it, and a report of the ops where it does not.
+
+Replay re-checks every write's digest against the write log. On a GPU that check passes only
+if the kernels are deterministic: cuBLAS needs a fixed workspace configuration (read when it
+first creates a handle), cuDNN must not pick algorithms by timing, and torch must choose its
+deterministic kernels. An op torch knows has none is reported the first time it runs; what
+torch does not know about, the digest check catches.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+CUBLAS_WORKSPACE = "CUBLAS_WORKSPACE_CONFIG"
+_ALERT = " does not have a deterministic implementation"
+
+
+@dataclass(frozen=True)
+class Determinism:
+    """torch's process-wide determinism settings."""
+
+    algorithms: bool
+    warn_only: bool  # a non-deterministic op warns (and is reported) instead of failing the run
+    fill_uninitialized: bool  # torch fills new memory in deterministic mode unless told not to: it costs a pass
+    cudnn_deterministic: bool
+    cudnn_benchmark: bool
+    cublas_workspace: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"use_deterministic_algorithms": self.algorithms, "warn_only": self.warn_only,
+                "fill_uninitialized_memory": self.fill_uninitialized,
+                "cudnn.deterministic": self.cudnn_deterministic, "cudnn.benchmark": self.cudnn_benchmark,
+                CUBLAS_WORKSPACE: self.cublas_workspace}
+
+
+def current() -> Determinism:
+    return Determinism(torch.are_deterministic_algorithms_enabled(),
+                       torch.is_deterministic_algorithms_warn_only_enabled(),
+                       torch.utils.deterministic.fill_uninitialized_memory,
+                       torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+                       os.environ.get(CUBLAS_WORKSPACE))
+
+
+def apply(settings: Determinism) -> None:
+    torch.use_deterministic_algorithms(settings.algorithms, warn_only=settings.warn_only)
+    torch.utils.deterministic.fill_uninitialized_memory = settings.fill_uninitialized
+    torch.backends.cudnn.deterministic = settings.cudnn_deterministic
+    torch.backends.cudnn.benchmark = settings.cudnn_benchmark
+    if settings.cublas_workspace is None:
+        os.environ.pop(CUBLAS_WORKSPACE, None)
+    else:
+        os.environ[CUBLAS_WORKSPACE] = settings.cublas_workspace
+
+
+def make_deterministic() -> tuple[Determinism, list[str]]:
+    """Switch torch to its deterministic kernels, process-wide. Returns the settings replaced (to `apply` them
+    back) and warnings about what could not take effect."""
+    before = current()
+    apply(Determinism(True, True, False, True, False, before.cublas_workspace or ":4096:8"))
+    caveats = []
+    if before.cublas_workspace is None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        caveats.append(f"{CUBLAS_WORKSPACE} was set after CUDA started: a cuBLAS handle created before it "
+                       "may still pick non-deterministic workspaces (set it before the process uses CUDA)")
+    return before, caveats
+
+
+class OpWatch:
+    """Learns which ops have no deterministic kernel: each op's first run makes torch's alert an error (torch
+    raises it before the kernel writes anything, so the op then runs again from the start). Those ops are
+    reported once and afterwards run with the alert off; torch itself would print it at every call, and only
+    to stderr when an op is called through the dispatcher as a driver does."""
+
+    def __init__(self, report: Callable[[str, str], None]):
+        self._report = report
+        self._seen: set[str] = set()
+        self.found: dict[str, str] = {}  # op -> the kernel torch named as non-deterministic
+
+    def watches(self, op: str) -> bool:
+        return op not in self._seen or op in self.found
+
+    def run(self, op: str, fn: Callable[[], Any]) -> Any:
+        if op in self.found:
+            return _with_algorithms(False, fn)
+        self._seen.add(op)
+        try:
+            return _with_algorithms(True, fn)
+        except RuntimeError as exc:
+            if _ALERT not in str(exc):
+                raise
+            self.found[op] = str(exc).split(_ALERT)[0].strip()
+            self._report(op, self.found[op])
+            return _with_algorithms(False, fn)
+
+
+def _with_algorithms(deterministic: bool, fn: Callable[[], Any]) -> Any:
+    """Run `fn` with deterministic algorithms on, their alerts raising (True), or off (False)."""
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        return fn()
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])

@@ -1,0 +1,92 @@
+"""The device tier of the ring on a CPU pool: the same DevicePool class a GPU uses, copying synchronously."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+import torch
+
+from checkpoint.device_pool import ALIGN, DevicePool
+from checkpoint.spill import PinnedSpill
+from checkpoint.tiers import HostTier
+from checkpoint.timeline import Timeline
+from hardware.drivers.torch import TorchDriver
+from hardware.errors import RewindError
+from tests.conftest import EXAMPLES, program
+
+GPT = str(EXAMPLES / "gpt.py")
+
+
+def _timeline(budget: int, pool: bool, host_mb: float = 0) -> Timeline:
+    tiers = HostTier(int(host_mb * 2**20)) if host_mb else None
+    return Timeline(program(GPT), TorchDriver.from_spec("torch:cpu"), budget=budget, device_pool=pool, tiers=tiers)
+
+
+def _live_values(tl: Timeline, tick: int) -> dict[str, torch.Tensor]:
+    tl.seek(tick)
+    return {name: tl.value(name).clone() for name in tl.live()}
+
+
+def test_the_pool_carves_first_fit_and_coalesces_freed_neighbours():
+    pool = DevicePool(4 * ALIGN, "cpu")
+    views = [pool.adopt(torch.full((ALIGN // 4 - 3,), float(i))) for i in range(3)]
+    keys = [pool.storage_of(v)[0] for v in views]
+    assert [k[1] for k in keys] == [0, ALIGN, 2 * ALIGN]
+    assert [float(v[0]) for v in views] == [0.0, 1.0, 2.0]
+    pool.release(keys[1])
+    assert not pool.fits(2 * ALIGN)  # two free ranges of ALIGN, not adjacent
+    pool.release(keys[0])
+    assert pool.free_ranges() == [(0, 2 * ALIGN), (3 * ALIGN, ALIGN)] and pool.fits(2 * ALIGN)
+    with pytest.raises(RewindError, match="no free range"):
+        pool.adopt(torch.zeros(3 * ALIGN, dtype=torch.uint8))
+
+
+def test_views_of_a_copied_storage_share_its_slot_while_that_storage_lives():
+    pool = DevicePool(8 * ALIGN, "cpu")
+    backing = np.arange(64, dtype=np.float32)
+    base = torch.from_numpy(backing)
+    copy = pool.adopt(base)
+    view = base.reshape(8, 8).t()[2:]
+    assert pool.cost(view) == 0
+    shared = pool.adopt(view)
+    assert pool.slot_of(shared) == pool.slot_of(copy) and torch.equal(shared, view)
+    del base, view
+    gc.collect()
+    reborn = torch.from_numpy(backing)  # a new storage at the very same address
+    assert pool.cost(reborn) > 0
+
+
+def test_a_pooled_ring_retains_copies_and_replays_the_same_values_and_digests():
+    by_reference, pooled = _timeline(64 << 20, False), _timeline(64 << 20, True)
+    for tl in (by_reference, pooled):
+        tl.seek(tl.end)
+    assert [r.digest for r in pooled.log] == [r.digest for r in by_reference.log]
+    pool = pooled.ring.pool
+    retained = [pooled.ring.get(k) for k in pooled.ring.keys()]
+    owned = [t for t in retained if t.untyped_storage().data_ptr() in pooled.ring.free_storages]
+    assert all(pool.holds(t) for t in retained if not any(t is o for o in owned))  # the Program's own: by reference
+    assert len(retained) - len(owned) > 30 and pool.copies > 30
+    assert pool.used == pooled.ring.used <= pooled.ring.budget
+    for tick in (40, 7, 25):
+        expected = _live_values(by_reference, tick)
+        got = _live_values(pooled, tick)
+        assert expected.keys() == got.keys()
+        assert all(torch.equal(expected[n], got[n]) for n in expected)
+
+
+def test_an_evicting_pool_spills_through_staging_into_lz4_and_steps_back_exactly():
+    reference, pooled = _timeline(64 << 20, False), _timeline(32 << 10, True, host_mb=64)
+    for tl in (reference, pooled):
+        tl.seek(tl.end)
+    assert isinstance(pooled.tiers, PinnedSpill)
+    assert pooled.ring.evictions > 0 and pooled.tiers.staged > 0
+    assert pooled.ring.peak <= pooled.ring.budget
+    for tick in (50, 12, 33):
+        expected, got = _live_values(reference, tick), _live_values(pooled, tick)
+        assert all(torch.equal(expected[n], got[n]) for n in expected)
+    tiers = {c.tier for c in pooled.checkpoints()}
+    assert "host (lz4)" in tiers
+    pooled.tiers.close()  # lands every staged version in the host tier
+    assert pooled.tiers.in_flight == 0 and pooled.tiers.below.raw > pooled.tiers.below.used > 0
