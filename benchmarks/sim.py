@@ -38,12 +38,14 @@ def timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def throughput(program, chip: str, schedule: str) -> tuple[Session, dict]:
-    reference = launch(program, "torch:cpu")
-    torch_s = timed(lambda: reference.goto(reference.end))
-    session = launch(program, chip, schedule)
+def throughput(program, chip: str, schedule: str, repeats: int) -> tuple[Session, dict]:
+    """Medians of interleaved runs to the end, each in a fresh session, after one warm-up run of each driver."""
+    times: dict[str, list[float]] = {"torch:cpu": [], chip: []}
+    for driver in ["torch:cpu", chip] * (repeats + 1):
+        session = launch(program, driver, schedule)
+        times[driver].append(timed(lambda: session.goto(session.end)))
+    sim_s, torch_s = (statistics.median(times[d][1:]) for d in (chip, "torch:cpu"))
     driver = session.tl.driver
-    sim_s = timed(lambda: session.goto(session.end))
     cores = driver.config.cores
     core_steps = sum(int((driver.schedule(n.index).units <= cores).sum()) for n in program.nodes)
     return session, {"nodes": len(program.nodes), "steps": driver.steps_run, "core_steps": core_steps,
@@ -52,10 +54,11 @@ def throughput(program, chip: str, schedule: str) -> tuple[Session, dict]:
 
 def deltas(session: Session) -> dict:
     driver = session.tl.driver
-    per_node = [sum(len(data) for *_, data in driver.records[n].start) for n in driver.order]
+    starts = [driver.records[n].start for n in driver.order]
+    per_node = [s.nbytes for s in starts]
     full = driver.memories.dram.nbytes + driver.memories.local.nbytes
     return {"delta_total": sum(per_node), "delta_mean": statistics.mean(per_node), "delta_max": max(per_node),
-            "full": full, "full_total": full * len(per_node)}
+            "stored": sum(s.stored for s in starts), "full": full, "full_total": full * len(per_node)}
 
 
 def probe(session: Session) -> None:
@@ -96,18 +99,20 @@ def main() -> None:
     ap.add_argument("--chip", default="sim")
     ap.add_argument("--schedule", default="round-robin")
     ap.add_argument("--samples", type=int, default=30)
+    ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     program = load_program(GPT)
-    session, run = throughput(program, args.chip, args.schedule)
+    session, run = throughput(program, args.chip, args.schedule, args.repeats)
     print(f"chip {args.chip}, schedule {args.schedule}, examples/gpt.py: {run['nodes']} nodes")
-    print(f"run to the end: {run['steps']} steps ({run['core_steps']} core instructions) in {run['sim_s']:.2f} s = "
+    print(f"run to the end (median of {args.repeats}): {run['steps']} steps ({run['core_steps']} core instructions) in {run['sim_s']:.2f} s = "
           f"{run['steps'] / run['sim_s']:.0f} steps/s, {run['core_steps'] / run['sim_s']:.0f} instructions/s; "
           f"torch:cpu {run['torch_s']:.3f} s: the sim takes {run['sim_s'] / run['torch_s']:.1f}x as long")
     d = deltas(session)
     print(f"node-start checkpoints: {d['delta_total'] / 2**20:.2f} MiB for {run['nodes']} nodes (mean "
           f"{d['delta_mean'] / 2**10:.1f} KiB, max {d['delta_max'] / 2**10:.1f} KiB) against a full snapshot of "
           f"{d['full'] / 2**20:.2f} MiB per node ({d['full_total'] / 2**20:.1f} MiB): "
-          f"{d['full_total'] / d['delta_total']:.0f}x smaller")
+          f"{d['full_total'] / d['delta_total']:.0f}x smaller; held lz4-compressed in {d['stored'] / 2**10:.0f} KiB "
+          f"({d['delta_total'] / d['stored']:.1f}x less again)")
     lat = step_latency(session, program, args.samples, random.Random(0))
     med = {k: statistics.median(v) * 1e3 for k, v in lat.items()}
     p95 = {k: sorted(v)[int(0.95 * (len(v) - 1))] * 1e3 for k, v in lat.items()}

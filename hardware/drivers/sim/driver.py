@@ -19,8 +19,9 @@ import torch
 
 from hardware.driver import Chip, Driver, WriteStats
 from hardware.drivers.sim.chip import ChipConfig, Memories, config_from_spec
+from hardware.drivers.sim.delta import Delta
 from hardware.drivers.sim.faults import Fault, parse_faults
-from hardware.drivers.sim.kernel import Kernel, MemoryPlan
+from hardware.drivers.sim.kernel import Kernel, MemoryPlan, strides
 from hardware.drivers.sim.lowering import lower_program
 from hardware.drivers.sim.machine import POLICIES, MemoryEdit, NodeRun, ReplayError, Scheduler
 from hardware.drivers.sim.state import SimChipState, hang_report, race_reports, shards_of
@@ -30,16 +31,13 @@ from hardware.instructions import (ChipState, InstructionDriver, InstructionInfo
 from hardware.memory import Location
 from hardware.program import Node, Program, Ref
 
-Saved = list[tuple[str, int | None, int, np.ndarray]]  # (space, core, offset, bytes): a delta of chip memory
-
 
 @dataclass
 class _Record:
     """What a node's first run left: its Schedule, its node-start checkpoint, its findings."""
 
     agents: np.ndarray
-    pcs: np.ndarray
-    start: Saved
+    start: Delta
     schedule: NodeSchedule
     edits: tuple[MemoryEdit, ...]
 
@@ -50,7 +48,7 @@ class _Side:
 
     node: int
     run: NodeRun
-    saved: Saved
+    saved: Delta
 
 
 class SimDriver(Driver, InstructionDriver):
@@ -116,12 +114,12 @@ class SimDriver(Driver, InstructionDriver):
         if run.agents != list(record.agents):
             raise ReplayError(f"{node.describe()} did not replay its recorded schedule")
         outputs = self._outputs(node, kernel)
-        self._restore(saved)
+        saved.restore(self.memories)
         return outputs
 
     def _first_run(self, node: Node, kernel: Kernel, args: tuple, kwargs: dict) -> list[Any]:
         self._write_inputs(node, args, kwargs)
-        start = _capture(self.memories, kernel.write_set())
+        start = Delta(self.memories, kernel.write_set(), compress=True)
         prefix, edits = self.pending.pop(node.index, (None, ()))
         run = self._run(node, kernel, prefix, edits)
         run.run()
@@ -129,15 +127,15 @@ class SimDriver(Driver, InstructionDriver):
         pcs = np.array(run.pcs, np.int32)
         schedule = NodeSchedule(np.array(run.agents, np.int16) + 1, pcs, race_reports(run, pcs),
                                 hang_report(run))
-        self.records[node.index] = _Record(np.array(run.agents, np.int16), pcs, start, schedule, edits)
+        self.records[node.index] = _Record(np.array(run.agents, np.int16), start, schedule, edits)
         self.order.append(node.index)
         return self._outputs(node, kernel)
 
     def _replay(self, node: Node, kernel: Kernel, args: tuple, kwargs: dict, record: _Record,
-                steps: int | None) -> tuple[NodeRun, Saved]:
+                steps: int | None) -> tuple[NodeRun, Delta]:
         inputs = [("DRAM", None, b.offset, b.offset + b.nbytes) for b in kernel.inputs]
-        saved = _capture(self.memories, kernel.write_set() + inputs)
-        _restore(self.memories, record.start)
+        saved = Delta(self.memories, kernel.write_set() + inputs)
+        record.start.restore(self.memories)
         self._write_inputs(node, args, kwargs)
         run = self._run(node, kernel, record.agents, record.edits)
         run.run(steps)
@@ -159,12 +157,9 @@ class SimDriver(Driver, InstructionDriver):
             out.append(raw.view(getattr(torch, self.program.values[name].dtype)).reshape(buf.shape))
         return out
 
-    def _restore(self, saved: Saved) -> None:
-        _restore(self.memories, saved)
-
     def _close_side(self) -> None:
         if self._side is not None:
-            _restore(self.memories, self._side.saved)
+            self._side.saved.restore(self.memories)
             self._side = None
 
     def forget(self, nodes: list[int]) -> None:
@@ -172,7 +167,7 @@ class SimDriver(Driver, InstructionDriver):
         self._close_side()
         gone = set(nodes)
         for index in reversed([i for i in self.order if i in gone]):
-            _restore(self.memories, self.records.pop(index).start)
+            self.records.pop(index).start.restore(self.memories)
             self.pending.pop(index, None)
         self.order = [i for i in self.order if i not in gone]
 
@@ -183,9 +178,8 @@ class SimDriver(Driver, InstructionDriver):
 
     def locate_value(self, name: str, tensor: Any, unit: str | None = None) -> Location:
         buf = self.plan.buffers[name]
-        strides = tuple(int(s) for s in np.cumprod((1,) + buf.shape[:0:-1])[::-1]) if buf.shape else ()
         return Location(self.name, unit or "host", "DRAM", buf.address, buf.nbytes, str(buf.dtype), buf.shape,
-                        strides, elements=buf.elements)
+                        strides(buf.shape), elements=buf.elements)
 
     def placement(self, name: str, tensor: Any) -> tuple[Location, ...]:
         """One shard per core that stores part of the value (the value viewed as [rows, last dim])."""
@@ -252,7 +246,7 @@ class SimDriver(Driver, InstructionDriver):
         layers = [self._side.saved] if self._side is not None else []
         layers += [self.records[i].start for i in reversed(self.order) if i >= node]
         for saved in layers:
-            for s_space, s_core, s_offset, data in saved:
+            for s_space, s_core, s_offset, data in saved.parts():
                 if (s_space == "DRAM") == (space == "DRAM") and s_core == core:
                     _overlay(out, offset, data, s_offset)
         return out.tobytes()
@@ -349,15 +343,6 @@ def _write(buf, tensor: torch.Tensor) -> None:
         raise DriverError(f"'{buf.label}' holds {buf.nbytes} bytes of {buf.dtype}; got a tensor of {raw.size} bytes "
                           f"({tensor.dtype}, {tuple(tensor.shape)})")
     buf.flat.view(np.uint8)[:] = raw
-
-
-def _capture(memories: Memories, ranges) -> Saved:
-    return [(space, core, start, memories.backing(space, core)[start:stop].copy()) for space, core, start, stop in ranges]
-
-
-def _restore(memories: Memories, saved: Saved) -> None:
-    for space, core, start, data in saved:
-        memories.backing(space, core)[start:start + len(data)] = data
 
 
 def _overlay(out: np.ndarray, offset: int, data: np.ndarray, data_offset: int) -> None:

@@ -11,13 +11,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# Instructions a core runs; DMA transfers run on the core's DMA engine.
-DMA_ISSUE = ("dma.ld", "dma.st", "dma.gather")
-UNARY = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "exp", "log", "tanh", "neg", "rsqrt", "sqrt", "abs", "not", "copy")
-BINARY = ("add", "sub", "mul", "div", "max", "min", "pow", "lt", "le", "gt", "ge", "eq", "ne", "and", "or")
-REDUCE = ("sum", "max")
-SYNC = ("bar", "sig", "wait", "dma.wait")
-
 
 @dataclass(eq=False)
 class Buffer:

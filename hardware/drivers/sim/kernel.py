@@ -47,7 +47,7 @@ class MemoryPlan:
         top = 0
         for info in program.values.values():
             buf = _dram_buffer(config, len(self.buffers), top, np_dtype(info.dtype), info.shape, info.name)
-            buf.value, buf.elements = info.name, tuple((0, s) for s in _rows_cols(info.shape))
+            buf.value, buf.elements = info.name, tuple((0, s) for s in rows_cols(info.shape))
             self.buffers[info.name] = buf
             top = _align(top + max(buf.nbytes, 1))
         self.scratch_base = top
@@ -62,14 +62,16 @@ def _dram_buffer(config: ChipConfig, ident: int, offset: int, dtype: np.dtype, s
     return Buffer(ident, "DRAM", None, offset, config.dram_base + offset, dtype, tuple(shape), label)
 
 
-def _rows_cols(shape: tuple[int, ...]) -> tuple[int, int]:
+def rows_cols(shape: tuple[int, ...]) -> tuple[int, int]:
     """The 2-D view every lowering uses: [product of leading dims, last dim]."""
     if not shape:
         return 1, 1
     return math.prod(shape[:-1]), int(shape[-1])
 
 
-rows_cols = _rows_cols
+def strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides, in elements."""
+    return tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
 
 
 @dataclass

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hardware.drivers.sim.chip import ChipConfig
 from hardware.drivers.sim.isa import Buffer
-from hardware.drivers.sim.kernel import Kernel, rows_cols
+from hardware.drivers.sim.kernel import Kernel, rows_cols, strides
 from hardware.drivers.sim.machine import NodeRun
 from hardware.instructions import ChipState, HangReport, RaceReport, UnitState, UnitWait
 from hardware.memory import Location
@@ -100,12 +99,8 @@ class SimChipState(ChipState):
 
 def _tile_location(config: ChipConfig, chip: str, tile: Buffer) -> Location:
     return Location(chip, config.agent_name(tile.core), config.local_name, tile.address, tile.nbytes,
-                    str(tile.dtype), tile.shape, _strides(tile.shape), bank=config.bank_of(tile.offset),
+                    str(tile.dtype), tile.shape, strides(tile.shape), bank=config.bank_of(tile.offset),
                     elements=tile.elements)
-
-
-def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
 
 
 def shards_of(config: ChipConfig, buf: Buffer, kernel: Kernel) -> tuple[Location, ...]:
