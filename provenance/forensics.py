@@ -21,7 +21,7 @@ import torch
 from hardware.errors import RewindError
 from hardware.program import Node
 from provenance.compare import Comparison, Tolerance, carried_precision, compare
-from provenance.lineage import descendants
+from provenance.lineage import descendants, lineage
 from provenance.patterns import Evidence, Match, classify
 from provenance.reference import DEFAULT_REFERENCE, Reference, open_reference
 
@@ -201,12 +201,26 @@ class Forensics:
         return None
 
     def explain(self, details: "ExceptionDetails", tick: int) -> dict:
-        """Evidence for a NaN/Inf stop: the failure pattern, without a reference pass."""
+        """Evidence for a NaN/Inf stop, without a reference pass: the failure pattern, and where the
+        non-finite values its inputs carry were born (None when they carry none, or only on purpose)."""
         node = self.timeline.node_at(tick)
         if node is None:
             return {}
         match = classify(self._evidence("nonfinite", tick, node, details.value, None, None))
-        return {"pattern": match.to_dict() if match else None}
+        return {"pattern": match.to_dict() if match else None, "origin": self._origin(node, tick)}
+
+    def _origin(self, node: Node, tick: int) -> dict | None:
+        """The earliest step upstream of `node` that wrote NaN/Inf not given to it as a constant."""
+        tl = self.timeline
+        upstream = set(lineage(self.program, node.outputs[0]).nodes) - {node.index}
+        after = -1
+        while (rec := tl.log.first_nonfinite(after)) is not None and rec.tick < tick:
+            after = rec.tick
+            born = tl.node_at(rec.tick)
+            if born is not None and born.index in upstream and not (rec.stats.nan == 0 and _writes_infinity(born)):
+                return {"tick": rec.tick, "node": born.name, "op": born.op, "value": rec.value,
+                        "source": str(born.loc) if born.loc else None}
+        return None
 
     def _finding(self, kind: str, tick: int, node: Node, observed: Comparison | None,
                  introduced: Comparison | None, details: "ExceptionDetails | None" = None) -> Finding:

@@ -227,6 +227,18 @@ def _low_precision_accumulation(ev: Evidence) -> str | None:
     return None
 
 
+@pattern("inf-arithmetic", "NaN from arithmetic on an infinity",
+         "remove the infinity where it is born (the `origin` in the evidence; the inf filter stops there): "
+         "inf - inf, 0 * inf and inf / inf are NaN")
+def _inf_arithmetic(ev: Evidence) -> str | None:
+    if ev.kind != "nonfinite" or not ev.output.isnan().any():
+        return None
+    carriers = [name for name, t in ev.inputs.items() if t.is_floating_point() and t.isinf().any()]
+    if not carriers:
+        return None
+    return f"'{carriers[0]}' carries an infinity into this {ev.op.removeprefix('aten.')}, which makes NaN of it"
+
+
 @pattern("overflow", "overflow of the dtype's range",
          "rescale before the operation (divide early, normalise), or compute it in float32")
 def _overflow(ev: Evidence) -> str | None:

@@ -6,7 +6,7 @@ import torch
 from checkpoint.branch import PrecisionPatch
 from hardware.driver import open_driver
 from hardware.errors import DriverError, RewindError
-from hardware.session import LaunchOptions, Session
+from hardware.session import Direction, LaunchOptions, Session
 from provenance.ablation import ablate, search
 from provenance.reference import save_values
 from tests.conftest import EXAMPLES, open_session, program
@@ -217,3 +217,21 @@ def test_forensics_runs_on_the_sim_chip_against_the_float64_reference():
     stop = session.start()
     assert stop.exception.node == "sqrt" and stop.exception.evidence["pattern"]["pattern"] == "outside-domain"
     assert session.forensics.first_divergence().node.name == "sub"
+
+
+def test_a_nan_made_from_an_inherited_infinity_names_where_the_infinity_was_born():
+    case = next(c for c in PLANTED if c.model == "softmax_overflow")
+    session = open_session(case.path)
+    session.set_exception_filters({"nan"})
+    stop = session.start()
+    evidence = stop.exception.evidence
+    assert stop.exception.node == "div" and evidence["pattern"]["pattern"] == "inf-arithmetic"
+    assert evidence["origin"]["node"] == "exp" and evidence["origin"]["source"].endswith(f":{case.line('# BUG')}")
+
+
+def test_reverse_continue_with_the_divergence_filter_comes_back_to_the_culprit():
+    session = open_session(FORENSICS / "cancellation.py")
+    session.run()
+    session.set_exception_filters({"divergence"})
+    stop = session.run(Direction.REVERSE)
+    assert stop.reason == "exception" and session.tl.node_at(stop.tick - 1).name == "rsub"
