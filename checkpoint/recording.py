@@ -77,8 +77,9 @@ def open_trace(path: str, make_timeline: Callable[[Program, Driver, Any], Timeli
     program = decode_program(c.program, initial)
     driver = TraceDriver(reader, recompute)
     timeline = make_timeline(program, driver, TraceArchive(reader))
+    recorded = _complete_steps(program, c.steps, c.writes)
     steps = []
-    for tick, unit, node, edit in c.steps:
+    for tick, unit, node, edit in recorded:
         steps.append(Step(int(unit), node, Edit(edit["value"], int(edit["offset"]), bytes(edit["data"]),
                                                 edit.get("description", "")) if edit else None))
     ran = {s.node for s in steps if s.node is not None}
@@ -89,13 +90,28 @@ def open_trace(path: str, make_timeline: Callable[[Program, Driver, Any], Timeli
         if step.node is not None:
             timeline.node_tick[step.node] = tick
     for row in c.writes:
+        if row[0] >= len(recorded):
+            continue
         timeline.log.append_row(row)
         timeline.versions.setdefault(row[3], [INITIAL] if row[3] in timeline.initial else []).append(int(row[0]))
-    timeline.frontier = len(c.steps)
+    timeline.frontier = len(recorded)
     for tick, pins in c.checkpoints:
         timeline.ring.checkpoints[int(tick)] = Checkpoint(int(tick), frozenset((p[0], int(p[1])) for p in pins),
                                                           "trace", thinned=True)
     return program, timeline, reader
+
+
+def _complete_steps(program: Program, steps: list, writes: list) -> list:
+    """The recorded steps up to the first whose writes did not all reach the file (a killed recording
+    can end between a step's frame and its writes' frames)."""
+    written: dict[int, set] = {}
+    for row in writes:
+        written.setdefault(int(row[0]), set()).add(row[3])
+    for i, (tick, _unit, node, edit) in enumerate(steps):
+        expected = {edit["value"]} if edit else set(program.nodes[node].outputs)
+        if not expected <= written.get(int(tick), set()):
+            return steps[:i]
+    return steps
 
 
 __all__ = ["begin", "record", "save", "open_trace", "KIND_NAMES"]

@@ -101,13 +101,14 @@ def test_continuous_recording_survives_a_killed_server(tmp_path):
         "import sys, time; sys.path.insert(0, {root!r})\n"
         "from hardware.session import Session, LaunchOptions, Direction\n"
         "s = Session(); s.launch(LaunchOptions({model!r}, driver='torch:cpu', record={path!r}))\n"
-        "print('ready', flush=True)\n"
-        "while True:\n"
-        "    s.step(Direction.FORWARD, 'statement'); time.sleep(0.02)\n"
+        "for i in range(10**6):\n"
+        "    s.step(Direction.FORWARD, 'statement')\n"
+        "    if i == 10: print('stepped', flush=True)\n"
+        "    time.sleep(0.02)\n"
     ).format(root=str(ROOT), model=str(MODELS / "slow_mlp.py"), path=str(path))
     proc = subprocess.Popen([sys.executable, "-W", "ignore", "-c", script], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "ready"
-    time.sleep(1.0)
+    assert proc.stdout.readline().strip() == "stepped"
+    time.sleep(0.1)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     events = []
