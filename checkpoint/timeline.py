@@ -247,7 +247,11 @@ class Timeline:
         node = self.program.nodes[step.node]
         if name in self.physical:  # a buffer version is the value its node wrote into it
             return [(self.program_source(name), tick)]
-        return [(i, self.version_at(i, tick)) for i in node.input_names()]
+        deps = [(i, self.version_at(i, tick)) for i in node.input_names()]
+        missing = [i for i, v in deps if v is None]
+        if missing:
+            raise RewindError(f"{node.describe()} needs {', '.join(missing)}, which no step before tick {tick} wrote")
+        return deps
 
     def program_source(self, buffer: str) -> str:
         return next(src for src, buf in self.buffer_source.items() if buf == buffer)
