@@ -14,18 +14,20 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     debug = commands.add_parser("debug", help="debug a model in the console",
                                 description="Debug a model file (it defines build() -> (module, inputs)).")
-    debug.add_argument("program", help="the model's Python file")
+    debug.add_argument("program", nargs="?", help="the model's Python file (or --trace FILE)")
     debug.add_argument("--driver", default="auto", help="auto, torch:cpu, torch:cuda, torch:cuda:N (default auto)")
     debug.add_argument("--entry", default="build", help="the function returning (module, inputs) (default build)")
     debug.add_argument("-x", dest="script", metavar="FILE", help="run the commands in FILE, then exit")
     debug.add_argument("--json", action="store_true", help="print one JSON object per command (for agents)")
-    debug.add_argument("--trace", metavar="FILE", help="open a recorded trace (reserved: not available yet)")
+    debug.add_argument("--trace", metavar="FILE", help="open a recorded trace instead: no device needed")
+    debug.add_argument("--record", metavar="FILE", help="record every step of the run to a trace file")
     forensics = commands.add_parser("forensics", help="find, classify and fix a numerical problem in one shot",
                                     description=forensics_cli.__doc__.splitlines()[0])
     forensics_cli.add_arguments(forensics)
     args = parser.parse_args(argv)
     if args.command == "forensics":
         return forensics_cli.run(args)
-    if args.trace:
-        parser.error("--trace is reserved for a later version")
-    return console.run(args.program, args.driver, args.entry, args.script, args.json)
+    if (args.program is None) == (args.trace is None):
+        parser.error("give a model file, or --trace FILE (not both)")
+    target = {"trace": args.trace} if args.trace else {"program": args.program, "record": args.record}
+    return console.run(target, args.driver, args.entry, args.script, args.json)

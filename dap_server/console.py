@@ -60,23 +60,24 @@ class Console:
             (("finish", "out"), self.cmd_finish), (("back",), self.cmd_back), (("rc",), self.cmd_rc),
             (("goto",), self.cmd_goto), (("print", "p", "eval"), self.cmd_print), (("locals",), self.cmd_locals),
             (("where", "bt"), self.cmd_where), (("locate",), self.cmd_locate), (("prov",), self.cmd_prov),
-            (("checkpoints",), self.cmd_checkpoints), (("restore",), self.cmd_restore),
+            (("checkpoints",), self.cmd_checkpoints), (("restore",), self.cmd_restore), (("save",), self.cmd_save),
             (("help", "h"), self.cmd_help), (("quit", "q", "exit"), self.cmd_quit),
         ]:
             for name in names:
                 self.commands[name] = fn
 
     # -- session ---------------------------------------------------------------------------------
-    def start(self, program: str, driver: str, entry: str) -> None:
-        """Initialize, launch stopped on entry, report where it stopped."""
+    def start(self, target: dict, driver: str, entry: str) -> None:
+        """Initialize, launch (a program, or a trace) stopped on entry, report where it stopped."""
         self.client.request("initialize", {"adapterID": "rewind", "clientID": "rewind-console",
                                            "clientName": "rewind debug", "linesStartAt1": True,
                                            "columnsStartAt1": True, "pathFormat": "path"})
         mark = self.client.mark()
-        self.client.request("launch", {"program": program, "driver": driver, "entry": entry, "stopOnEntry": True})
+        target = {k: v for k, v in target.items() if v is not None}
+        self.client.request("launch", {**target, "driver": driver, "entry": entry, "stopOnEntry": True})
         self.client.wait_for("initialized")
         self.client.request("configurationDone")
-        self._emit(f"launch {program}", self._stopped(mark))
+        self._emit(f"launch {target.get('program') or target.get('trace')}", self._stopped(mark))
 
     def execute(self, line: str) -> bool:
         """Run one command line; False when the console should quit."""
@@ -312,6 +313,12 @@ class Console:
         text = "\n".join(f"tick {c['tick']}: {c['values']} values, {c['bytes']} bytes ({c['tier']})" for c in cps)
         return Result(text or "no checkpoints", {"checkpoints": cps})
 
+    def cmd_save(self, args: str) -> Result:
+        if not args:
+            raise CommandError("save needs a file: save FILE")
+        info = self.client.request("saveTrace", {"path": args})
+        return Result(f"saved {info['ticks']} ticks to {info['path']} ({info['bytes']} bytes)", dict(info))
+
     def _source_line(self, path: str, line: int) -> str:
         if path not in self._sources:
             try:
@@ -330,7 +337,7 @@ back [node] | rc        step back, reverse-continue
 goto FILE:LINE [N]      jump to the N-th time that line runs;  restore TICK: a checkpoint
 print EXPR | locals | where     inspect (safe expressions over tensors)
 locate NAME | prov NAME         where a value lives, who wrote it
-checkpoints | quit"""
+checkpoints | save FILE | quit    list checkpoints; save the run as a trace (open it: rewind debug --trace FILE)"""
         return Result(text, {"commands": sorted(self.commands)})
 
     def cmd_quit(self, args: str) -> None:
@@ -380,12 +387,13 @@ def _save_history(readline) -> None:
         pass
 
 
-def run(program: str, driver: str, entry: str, script: str | None, json_mode: bool) -> int:
+def run(target: dict, driver: str, entry: str, script: str | None, json_mode: bool) -> int:
+    """`target` is {"program": FILE[, "record": TRACE]} or {"trace": TRACE}."""
     quiet_debugpy_log()
     client = DapClient.spawn()
     console = Console(client, sys.stdout, json_mode)
     try:
-        console.start(program, driver, entry)
+        console.start(target, driver, entry)
         if script:
             console.run_script(script)
         else:

@@ -47,6 +47,9 @@ def initialize(adapter: "Adapter", args: InitializeArguments) -> dict:
 class CheckpointOptions(StrictArguments):
     budgetMB: float = Field(1024.0, gt=0)
     every: int | None = Field(None, ge=1)
+    hostMB: float = Field(0.0, ge=0)  # host tier (lz4) the ring spills into; 0: none
+    diskMB: float = Field(0.0, ge=0)  # disk tier below it; 0: none
+    spillDir: str | None = None  # where the disk tier's spill file goes (default: the temp directory)
     checkBatch: int | None = Field(None, ge=1)  # writes whose on-device checks are read back together
     devicePool: bool | None = None  # copy checkpoints into a preallocated device pool (default: on a GPU)
 
@@ -58,7 +61,9 @@ _CLIENT_ATTRIBUTES = {"type", "request", "name", "noDebug", "presentation", "pre
 
 
 class LaunchArguments(StrictArguments):
-    program: str
+    program: str | None = None  # the model file; or `trace` instead
+    trace: str | None = None  # open a recorded trace: no device needed (docs/trace-format.md)
+    record: str | None = None  # record every step to this trace file while running
     entry: str = "build"
     driver: str = "auto"  # auto, torch:cpu, torch:cuda, torch:cuda:N (the driver names its own errors)
     stopOnEntry: bool = False
@@ -70,6 +75,18 @@ class LaunchArguments(StrictArguments):
     schedule: Literal["round-robin", "random"] = "round-robin"  # sim chip: how units' steps interleave
     faults: list[dict[str, Any]] = []  # sim chip: planted faults (docs/sim.md); the driver checks them
 
+    @model_validator(mode="after")
+    def _program_or_trace(self) -> "LaunchArguments":
+        if (self.program is None) == (self.trace is None):
+            raise ValueError("launch needs exactly one of 'program' (a model file) and 'trace' (a recorded trace)")
+        if self.trace is not None and self.record is not None:
+            raise ValueError("'record' records a running program; a trace opened with 'trace' is already recorded")
+        return self
+
+    @property
+    def source(self) -> str:
+        return self.program or self.trace or ""
+
     @model_validator(mode="before")
     @classmethod
     def _drop_client_attributes(cls, data: Any) -> Any:
@@ -78,8 +95,10 @@ class LaunchArguments(StrictArguments):
         return data
 
     def options(self) -> LaunchOptions:
-        return LaunchOptions(program=self.program, entry=self.entry, driver=self.driver,
-                             budget_mb=self.checkpoint.budgetMB, every=self.checkpoint.every,
+        return LaunchOptions(program=self.program or "", trace=self.trace, record=self.record, entry=self.entry,
+                             driver=self.driver, budget_mb=self.checkpoint.budgetMB, every=self.checkpoint.every,
+                             host_mb=self.checkpoint.hostMB, disk_mb=self.checkpoint.diskMB,
+                             spill_dir=self.checkpoint.spillDir,
                              check_batch=self.checkpoint.checkBatch, device_pool=self.checkpoint.devicePool,
                              stop_on_entry=self.stopOnEntry, reference=self.reference, rtol=self.rtol,
                              atol=self.atol, seed=self.seed, schedule=self.schedule, faults=self.faults)
@@ -89,7 +108,7 @@ class LaunchArguments(StrictArguments):
 def launch(adapter: "Adapter", args: LaunchArguments) -> None:
     if adapter.launched:
         raise RewindError("a program is already loaded in this session: restart it, or disconnect and launch")
-    with adapter.events.progress(f"Loading {args.program}", cancellable=False):
+    with adapter.events.progress(f"Loading {args.source}", cancellable=False):
         adapter.session.launch(args.options())
     adapter.launched = True
     changed_line_breakpoints(adapter)
@@ -119,7 +138,7 @@ def restart(adapter: "Adapter", args: RestartArguments) -> None:
     if args.arguments is None:
         adapter.resume(adapter.session.restart, "Restarting")
         return
-    with adapter.events.progress(f"Loading {args.arguments.program}", cancellable=False):
+    with adapter.events.progress(f"Loading {args.arguments.source}", cancellable=False):
         adapter.session.launch(args.arguments.options())
     adapter.resume(adapter.session.start, "Running")
 

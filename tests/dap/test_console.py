@@ -42,7 +42,25 @@ def test_json_mode_prints_one_object_per_command_and_reports_errors():
     assert run.returncode == 1  # a command failed
 
 
-def test_console_refuses_a_reserved_option_and_a_missing_program():
+def test_console_refuses_a_program_and_a_trace_together_and_a_missing_program():
     assert rewind("debug", str(GPT), "--trace", "x.rwtrace").returncode == 2
+    assert rewind("debug").returncode == 2
     run = rewind("debug", "no_such_model.py", stdin="quit\n")
     assert run.returncode == 1 and "program file not found" in run.stderr
+
+
+def test_console_saves_a_trace_and_debugs_it_without_the_device(tmp_path):
+    path = tmp_path / "session.rwtrace"
+    saved = rewind("debug", str(GPT), "--json", stdin=f"break gpt.py:27\ncontinue\ncontinue\nsave {path}\nquit\n")
+    records = [json.loads(line) for line in saved.stdout.splitlines()]
+    assert saved.returncode == 0 and records[-1]["result"]["path"] == str(path)
+    opened = rewind("debug", "--trace", str(path), "--json",
+                    stdin="break gpt.py:27\ncontinue\ncontinue\nprint scores.shape\nrc\nprov div\nquit\n")
+    records = [json.loads(line) for line in opened.stdout.splitlines()]
+    assert opened.returncode == 0, opened.stderr
+    assert records[0]["command"] == f"launch {path}"
+    first, second = records[2]["result"]["tick"], records[3]["result"]["tick"]
+    assert first == 15 and second > first  # blocks.0's hit, then blocks.1's
+    assert records[4]["result"]["result"] == "torch.Size([1, 4, 16, 16])"
+    assert records[5]["result"]["tick"] == 15  # reverse-continue, from the trace alone
+    assert records[6]["result"]["lastWriter"]["node"] == "div"

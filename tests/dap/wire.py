@@ -91,10 +91,14 @@ class Debugger:
                                            "columnsStartAt1": True, "pathFormat": "path", **capabilities})
 
     def start(self, program: Path, breakpoints: list[int] = (), **launch: Any) -> dict:
-        """initialize, launch, set line breakpoints in `program`, configurationDone; the first stop."""
+        """initialize, launch, set line breakpoints in `program`, configurationDone; the first stop.
+
+        With `trace=FILE` in `launch`, the trace is opened instead (`program` still names the source file
+        the breakpoints are set in)."""
         self.initialize(supportsProgressReporting=True, supportsInvalidatedEvent=True, supportsMemoryEvent=True)
         mark = self.client.mark()
-        self.request("launch", {"program": str(program), "driver": "torch:cpu", **launch})
+        target = {} if "trace" in launch else {"program": str(program), "driver": "torch:cpu"}
+        self.request("launch", {**target, **launch})
         self.client.wait_for("initialized", after=mark)
         if breakpoints:
             self.set_breakpoints(program, [{"line": n} for n in breakpoints])
