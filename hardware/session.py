@@ -150,6 +150,7 @@ class Session:
         record every step to a trace file as it runs."""
         from hardware.frontends.torch_export import load_program
 
+        self.close()  # a relaunch (restart with new arguments) finishes the previous run's recording
         self.options = options
         if options.trace:
             recompute = open_driver(options.driver) if options.driver != "auto" else None
@@ -207,6 +208,10 @@ class Session:
             tl.recorder.close()
         if tl.tiers is not None:
             tl.tiers.close()
+        reader = getattr(self, "trace_reader", None)
+        if reader is not None:
+            reader.close()
+            self.trace_reader = None
 
     def _report_nondeterminism(self, finding) -> None:
         self.on_event(SessionEvent("output", {"category": "important", "text": str(finding) + "\n"}))
