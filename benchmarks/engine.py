@@ -48,7 +48,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--samples", type=int, default=40)
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = args.device
     cfg = dict(depth=args.depth, width=args.width, heads=8, tokens=args.tokens, vocab=1024)
 
@@ -114,18 +117,19 @@ def main() -> None:
     at = int(s.end * 0.75)
     replay = statistics.median(timed(lambda: s.tl.reexecute_from(at), device) for _ in range(args.repeats))
     fresh_cmd = [sys.executable, "-c", (
-        "import sys, torch; sys.path[:0]=[{root!r},{ex!r}]; import gpt; "
+        "import sys, torch; torch.set_num_threads({threads}); sys.path[:0]=[{root!r},{ex!r}]; import gpt; "
         "from hardware.frontends.torch_export import export_program; "
         "m,i=gpt.build(**{cfg!r}); p=export_program(m,i,'gpt'); m=m.to({dev!r}).eval(); "
         "i=tuple(x.to({dev!r}) for x in i)\nwith torch.no_grad(): m(*i)"
-    ).format(root=str(ROOT), ex=str(ROOT / "examples"), cfg=cfg, dev=device)]
+    ).format(root=str(ROOT), ex=str(ROOT / "examples"), cfg=cfg, dev=device, threads=torch.get_num_threads())]
     t = time.perf_counter()
     subprocess.run(fresh_cmd, check=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     fresh = time.perf_counter() - t
 
     rows = [
         ("model", f"GPT depth {cfg['depth']} width {cfg['width']} tokens {cfg['tokens']}: {nodes} nodes, "
-                  f"{intermediate / 2**20:.0f} MiB of intermediates, device {device}"),
+                  f"{intermediate / 2**20:.0f} MiB of intermediates, device {device}, "
+                  f"{torch.get_num_threads()} torch thread(s)"),
         ("export (one-time)", f"{export_s:.2f} s"),
         ("eager forward", f"{eager_s * 1e3:.1f} ms; mean node time {node_ms:.3f} ms"),
         ("session run, budget holds every value", f"{statistics.median(full_t) * 1e3:.1f} ms = "
