@@ -19,6 +19,7 @@ from typing import Callable
 from hardware.errors import ExpressionError
 from hardware.expressions import compile_expression
 from hardware.program import Frame, Program
+from hardware.source_names import parse_source
 
 _HIT_RE = re.compile(r"^\s*(==|>=|<=|>|<|%)?\s*(\d+)\s*$")
 
@@ -99,11 +100,8 @@ def resolve_line(program: Program, file: str, line: int) -> tuple[int | None, st
 
 
 def _function_span(source: str | None, line: int) -> tuple[int, int] | None:
-    if source is None:
-        return None
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
+    tree = parse_source(source)
+    if tree is None:
         return None
     best = None
     for node in ast.walk(tree):

@@ -9,6 +9,7 @@ last node, per frame instance (so `scores` in blocks.1.attn is not the one of bl
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass
 
 from hardware.program import Frame, Program
@@ -25,13 +26,21 @@ def frame_instance(frame: Frame) -> tuple:
     return (frame.loc.file, frame.loc.function, frame.module_path)
 
 
-def _targets(source: str | None, line: int) -> list[list[str]] | None:
-    """Names assigned by the statement at `line`: [[x]] or [[q, k, v]]; None if not an assignment."""
+@functools.lru_cache(maxsize=64)
+def parse_source(source: str | None) -> ast.Module | None:
+    """The syntax tree of a user source file (parsed once), None if it does not parse."""
     if source is None:
         return None
     try:
-        tree = ast.parse(source)
+        return ast.parse(source)
     except SyntaxError:
+        return None
+
+
+def _targets(source: str | None, line: int) -> list[list[str]] | None:
+    """Names assigned by the statement at `line`: [[x]] or [[q, k, v]]; None if not an assignment."""
+    tree = parse_source(source)
+    if tree is None:
         return None
     for node in ast.walk(tree):
         if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.lineno == line:
