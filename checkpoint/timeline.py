@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, NewType
 
@@ -125,6 +126,7 @@ class Timeline:
         self.nondeterminism: list[Nondeterminism] = []
         self._scratch: dict[VersionKey, Any] = {}
         self.patches: dict[int, Patch] = {}  # node index -> how this branch runs it instead
+        self.seconds: dict[int, float] = {}  # tick -> how long its node ran when it was executed
         self._branches: list[Branch] = []
 
     # -- time --------------------------------------------------------------------------
@@ -309,11 +311,21 @@ class Timeline:
             value_of = lambda n: self.driver.cast(given(n), self.program.values[n].dtype)  # noqa: E731
         args, kwargs = node.bind(value_of)
         try:
-            if patch is not None:
-                return patch.run(self.driver, node, args, kwargs)
-            return self.driver.execute(node, args, kwargs)
+            if patch is None:
+                return self.driver.execute(node, args, kwargs)
+            outputs = patch.run(self.driver, node, args, kwargs)
         except Exception as exc:
             raise RewindError(f"{node.describe()} failed on {self.driver.name}: {type(exc).__name__}: {exc}") from exc
+        return self._patched_outputs(node, patch, outputs)
+
+    def _patched_outputs(self, node: Node, patch: Patch, outputs: list[Any]) -> list[Any]:
+        """A patch changes how a node computes, never the shapes of what it writes."""
+        for name, tensor in zip(node.outputs, outputs):
+            want = self.program.values[name].shape
+            if tuple(tensor.shape) != want:
+                raise RewindError(f"{node.describe()} {patch.describe()} wrote '{name}' with shape "
+                                  f"{list(tensor.shape)}; the program's is {list(want)}")
+        return outputs
 
     def _apply_edit(self, edit: Edit, tick: int) -> Any:
         base = self._get((edit.value, self.version_at(edit.value, tick)))
@@ -350,7 +362,9 @@ class Timeline:
                 return
             node = self.program.nodes[step.node]
             inputs: list[Any] = []
+            started = time.perf_counter()
             outputs = self._run_node(node, tick, lambda k: _keep(inputs, self.value_version(*k)))
+            self.seconds[tick] = time.perf_counter() - started
             input_storages = {self.driver.storage_key(t) for t in inputs if hasattr(t, "untyped_storage")}
             for name, tensor in zip(node.outputs, outputs):
                 view = self.driver.storage_key(tensor) in input_storages
@@ -427,7 +441,8 @@ class Timeline:
         self.seek(tick)
         saved = Branch(tick, origin, self.frontier, dict(self.patches), self.log.tail(tick),
                        {n: ticks[bisect.bisect_left(ticks, tick):] for n, ticks in self.versions.items()},
-                       list(self.schedule), list(self.node_tick), self.recorder, self.archive)
+                       list(self.schedule), list(self.node_tick), self.recorder, self.archive,
+                       {t: s for t, s in self.seconds.items() if t >= tick})
         self.recorder = None
         if self.archive is not None:
             self.archive = ArchiveBefore(self.archive, tick)
@@ -447,6 +462,7 @@ class Timeline:
         self.log.extend(branch.log)
         for name, ticks in branch.versions.items():
             self.versions[name].extend(ticks)
+        self.seconds.update(branch.seconds)
         self.frontier = branch.frontier
         self.recorder, self.archive = branch.recorder, branch.archive
         self.seek(branch.position)
@@ -463,6 +479,7 @@ class Timeline:
             self.recorder.truncate(tick)
         for name, ticks in self.versions.items():
             del ticks[bisect.bisect_left(ticks, tick):]
+        self.seconds = {t: s for t, s in self.seconds.items() if t < tick}
         for buf in self.physical:
             if self._physical_version[buf] >= tick:
                 self._physical_version[buf] = None  # force a rewrite at the next sync

@@ -1,12 +1,13 @@
 """The `rewind` command: `rewind debug model.py` opens the console on a model; `rewind forensics model.py`
-runs the one-shot numerical forensics (provenance/forensics_cli.py)."""
+runs the one-shot numerical forensics (provenance/forensics_cli.py); `rewind repair model.py --fix fix.py`
+runs the repair loop (provenance/repair_cli.py)."""
 
 from __future__ import annotations
 
 import argparse
 
 from dap_server import console
-from provenance import forensics_cli
+from provenance import forensics_cli, repair_cli
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,9 +25,14 @@ def main(argv: list[str] | None = None) -> int:
     forensics = commands.add_parser("forensics", help="find, classify and fix a numerical problem in one shot",
                                     description=forensics_cli.__doc__.splitlines()[0])
     forensics_cli.add_arguments(forensics)
+    repair = commands.add_parser("repair", help="validate candidate fixes and record the ones that hold",
+                                 description=repair_cli.__doc__.splitlines()[0])
+    repair_cli.add_arguments(repair)
     args = parser.parse_args(argv)
     if args.command == "forensics":
         return forensics_cli.run(args)
+    if args.command == "repair":
+        return repair_cli.run(args)
     if (args.program is None) == (args.trace is None):
         parser.error("give a model file, or --trace FILE (not both)")
     target = {"trace": args.trace} if args.trace else {"program": args.program, "record": args.record}

@@ -16,9 +16,9 @@ import os
 import sys
 from typing import Any, Protocol
 
-from dap_server import (addresses, attach, breakpoints, custom, evaluate, forensics, frames,  # noqa: F401
-                        instructions, lifecycle, memory, reference_memory, sources, stepping, traces,
-                        variables)  # importing a module registers its requests
+from dap_server import (addresses, attach, breakpoints, custom, evaluate, experiments, forensics,  # noqa: F401
+                        frames, instructions, lifecycle, memory, reference_memory, repair, sources, stepping,
+                        traces, variables)  # importing a module registers its requests
 from dap_server.adapter import Adapter, Cancelled
 from dap_server.protocol import FramingError, MessageReader, encode
 from dap_server.requests import REQUESTS, Handler

@@ -6,8 +6,10 @@ torch.export (see frontends/) nor of any chip (see drivers/).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Literal
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator, Literal, Mapping
+
+from hardware.errors import RewindError
 
 ValueKind = Literal["input", "parameter", "buffer", "constant", "intermediate"]
 
@@ -179,6 +181,20 @@ class Program:
         for info in self.values.values():
             if info.producer is None or info.producer < position:
                 yield info
+
+    def with_inputs(self, inputs: Mapping[str, Any]) -> "Program":
+        """The same Program over other values of its inputs (same shapes and dtypes: the graph was exported
+        for them): a fresh Timeline over it runs the pass on those inputs."""
+        for name, value in inputs.items():
+            info = self.values.get(name)
+            if info is None or info.kind != "input":
+                known = ", ".join(n for n, v in self.values.items() if v.kind == "input")
+                raise RewindError(f"'{name}' is not an input of {self.name} (its inputs: {known})")
+            got = (tuple(value.shape), str(value.dtype).removeprefix("torch."))
+            if got != (info.shape, info.dtype):
+                raise RewindError(f"input '{name}' must be {info.dtype}{list(info.shape)} as exported, "
+                                  f"got {got[1]}{list(got[0])}")
+        return replace(self, initial={**self.initial, **inputs})
 
     def find_nodes(self, spec: str) -> list[int]:
         """Nodes named `spec`, of op `spec` (aten.softmax or aten.softmax.int), or inside module path `spec`."""

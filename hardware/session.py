@@ -140,6 +140,7 @@ class Session:
         self._deferred: list[int] = []  # exception checks waiting for their ticks' on-device checks
         self._positions_cache: dict[int, tuple] = {}
         self._forensics = None
+        self._experiments = None
         self._instructions = None  # InstructionCursor, on a driver whose nodes run as instruction streams
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -571,6 +572,15 @@ class Session:
         if self._forensics is None or self._forensics.timeline is not self.tl:
             self._forensics = Forensics(self)
         return self._forensics
+
+    @property
+    def experiments(self):
+        """Named branches of patches on this pass, measured and undone (provenance/experiments.py)."""
+        from provenance.experiments import Experiments
+
+        if self._experiments is None or self._experiments.timeline is not self.tl:
+            self._experiments = Experiments(self)
+        return self._experiments
 
     def _interpolate(self, message: str, q: int) -> str:
         import re

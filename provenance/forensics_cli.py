@@ -23,6 +23,14 @@ EXIT_CLEAN, EXIT_PROBLEM, EXIT_ERROR = 0, 1, 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_pass_arguments(parser)
+    parser.add_argument("--no-ablate", action="store_true", help="skip the search for a precision fix")
+    parser.add_argument("--max-trials", type=int, default=DEFAULT_MAX_TRIALS, help="ablation trials at most")
+    parser.add_argument("--save-reference", metavar="PATH", help="also save the reference's values to PATH")
+
+
+def add_pass_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model, where its pass runs, its reference and tolerances, and JSON output (shared with `rewind repair`)."""
     parser.add_argument("model", help="the model file: its entry returns (torch.nn.Module, inputs)")
     parser.add_argument("--entry", default="build", help="the function in the file that builds the model")
     parser.add_argument("--driver", default="auto", help="where the pass runs: auto, torch:cpu, torch:cuda[:N]")
@@ -31,18 +39,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rtol", type=float, default=None, help="relative tolerance (default: by dtype)")
     parser.add_argument("--atol", type=float, default=None, help="absolute tolerance (default: by dtype)")
     parser.add_argument("--budget-mb", type=float, default=1024.0, help="checkpoint memory per pass")
-    parser.add_argument("--no-ablate", action="store_true", help="skip the search for a precision fix")
-    parser.add_argument("--max-trials", type=int, default=DEFAULT_MAX_TRIALS, help="ablation trials at most")
-    parser.add_argument("--save-reference", metavar="PATH", help="also save the reference's values to PATH")
     parser.add_argument("--json", action="store_true", help="print the report as JSON (for agents)")
+
+
+def launch(args: argparse.Namespace) -> Session:
+    """A Session with the model's pass loaded as the arguments say."""
+    session = Session()
+    session.launch(LaunchOptions(args.model, entry=args.entry, driver=args.driver, budget_mb=args.budget_mb,
+                                 reference=args.reference, rtol=args.rtol, atol=args.atol))
+    return session
 
 
 def run(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)
     try:
-        session = Session()
-        session.launch(LaunchOptions(args.model, entry=args.entry, driver=args.driver, budget_mb=args.budget_mb,
-                                     reference=args.reference, rtol=args.rtol, atol=args.atol))
+        session = launch(args)
         found = investigate(session, ablate=not args.no_ablate, max_trials=args.max_trials)
         if args.save_reference:
             save_values(session.forensics.reference, args.save_reference)

@@ -1,0 +1,106 @@
+"""`rewind repair model.py [--fix fix.py ...] [--json]`: the repair loop in one command.
+
+Runs forensics on the model, then tries each fix file in order (or, without --fix or with
+--suggest, the knowledge base's suggestions), validating each on the example inputs and on
+generated ones, and prints the verdict with its evidence (JSON for agents). A fix that validates
+is recorded in the knowledge base. Exit status: 0 when a fix validated or there is nothing to
+repair, 1 when no candidate validated, 2 when the model, a fix file or the options cannot be used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+
+from hardware.errors import RewindError
+from provenance.forensics_cli import EXIT_CLEAN, EXIT_ERROR, EXIT_PROBLEM, add_pass_arguments, launch
+from provenance.inputs import DEFAULT_SCALES, DEFAULT_SEEDS, DEFAULT_SHAPES, InputPlan
+from provenance.knowledge import KnowledgeBase
+from provenance.repair import DEFAULT_ATTEMPTS, DEFAULT_SECONDS, FixText, RepairLimits, RepairLoop
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_pass_arguments(parser)
+    parser.add_argument("--fix", action="append", default=[], metavar="FIX.py",
+                        help="a fix file defining PATCHES (repeat to try several, in order)")
+    parser.add_argument("--suggest", action="store_true",
+                        help="after the given fixes, try the knowledge base's (the default without --fix)")
+    parser.add_argument("--knowledge", metavar="PATH", help="the knowledge base file (default: in the user's cache)")
+    parser.add_argument("--max-attempts", type=int, default=DEFAULT_ATTEMPTS, help="candidates tried at most")
+    parser.add_argument("--time-limit", type=float, default=DEFAULT_SECONDS, help="seconds for the whole loop")
+    parser.add_argument("--seeds", type=int, default=DEFAULT_SEEDS, help="input sets drawn with new seeds")
+    parser.add_argument("--scales", type=_scales, default=DEFAULT_SCALES,
+                        help="value ranges: the example inputs scaled by these factors (comma separated)")
+    parser.add_argument("--shapes", type=int, default=DEFAULT_SHAPES, help="input sets of other shapes (re-exported)")
+
+
+def run(args: argparse.Namespace) -> int:
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    try:
+        fixes = [FixText(Path(f).read_text(), str(Path(f).resolve())) for f in _existing(args.fix)]
+        loop = RepairLoop(launch(args), KnowledgeBase(args.knowledge),
+                          RepairLimits(args.max_attempts, args.time_limit),
+                          InputPlan(args.seeds, tuple(args.scales), args.shapes))
+        report = loop.run(fixes, suggest=args.suggest or not fixes)
+    except RewindError as exc:
+        print(f"rewind repair: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    print(json.dumps(report, indent=2, allow_nan=False) if args.json else render(report))
+    return EXIT_CLEAN if report["verdict"] in ("validated", "clean") else EXIT_PROBLEM
+
+
+def render(report: dict) -> str:
+    lines = [f"Rewind repair: {report['program']} on {report['driver']}, reference {report['reference']}", ""]
+    for f in report["findings"]:
+        where = f"{Path(f['source']['file']).name}:{f['source']['line']}" if f["source"] else "no source line"
+        pattern = f["pattern"]["pattern"] if f["pattern"] else "no known pattern"
+        lines.append(f"Finding: {f['kind']} at {where}, node {f['node']} ({f['op']}): {pattern}")
+    for i, a in enumerate(report["attempts"], 1):
+        lines.append(f"Attempt {i}: {a['candidate']['name']}: {a['verdict'].upper()}: {a['reason']}")
+        lines += [f"  refused: {v['what']} ({Path(v['file']).name}:{v['line']})" for v in a["integrity"]["violations"]]
+        for check in (a["validation"] or {}).get("checks", []):
+            worst = max((o["error"] for o in check["outputs"]), key=_number, default=None)
+            state = "ok" if check["within"] else "FAILED"
+            detail = check["error"] or f"worst output error {_ratio(worst)} x tolerance"
+            lines.append(f"  {check['inputs']['name']}: {state} ({detail})")
+    recorded = report["knowledge"]["recorded"]
+    if recorded:
+        lines.append(f"Recorded in the knowledge base ({report['knowledge']['path']}): {recorded['pattern']} -> "
+                     f"{recorded['name']} (validated {recorded['validations']} time(s))")
+    lines += ["", f"Verdict: {report['verdict']}: {report['reason']}"]
+    return "\n".join(lines)
+
+
+def _scales(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"scales are numbers separated by commas, got '{text}'") from None
+
+
+def _existing(paths: list[str]) -> list[str]:
+    for p in paths:
+        if not Path(p).is_file():
+            raise RewindError(f"fix file not found: {p}")
+    return paths
+
+
+def _number(x) -> float:
+    return float("inf") if isinstance(x, str) else x
+
+
+def _ratio(x) -> str:
+    return x if isinstance(x, str) else f"{x:.3g}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rewind repair", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
