@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from hardware.driver import Driver
-from hardware.errors import RewindError
+from hardware.errors import DriverError, RewindError
+from hardware.instructions import InstructionDriver
 from hardware.program import Node, Ref
 
 
@@ -103,6 +104,9 @@ class AttributePatch(Patch):
     changes: tuple[tuple[str, Any], ...]  # (attribute name, new value), hashable
 
     def run(self, driver: Driver, node: Node, args: tuple, kwargs: dict) -> list[Any]:
+        if isinstance(driver, InstructionDriver):
+            raise DriverError(f"driver {driver.name} runs each node as it lowered it at load, so its attributes "
+                              "cannot change on a branch: replace the node with a function instead")
         args, kwargs = list(args), dict(kwargs)
         names = _schema_names(node)
         for name, value in self.changes:

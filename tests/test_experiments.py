@@ -174,3 +174,19 @@ def test_bad_experiment_requests_name_the_problem(softmax):
         named_patch(program, "p", "exp", function="def a(x):\n    return x\n\ndef b(x):\n    return x\n")
     with pytest.raises(RewindError, match="no node, op or module path 'nope'"):
         named_patch(program, "p", "nope", precision="float32")
+
+
+def test_on_the_sim_chip_functions_and_edits_patch_while_attributes_are_refused():
+    session = open_session(FORENSICS / "sqrt_domain.py", driver="sim")
+    session.run()
+    ex, program = session.experiments, session.program
+    clamp = "import torch\n\ndef clamped(x):\n    return torch.sqrt(x.clamp_min(0))\n"
+    ex.add("clamp", named_patch(program, "clamp", "sqrt", function=clamp))
+    assert [r["node"] for r in ex.measure("clamp")["nodes"]] == ["sqrt", "div"]
+    assert not session.tensor("sqrt").isnan().any()
+    ex.add("poke", named_patch(program, "poke", None, edit={"value": "sub", "index": [0, 0], "set": 1.0}))
+    assert session.tensor("sub")[0, 0] == 1.0
+    with pytest.raises(RewindError, match="lowered it at load, so its attributes cannot change"):
+        ex.add("keep", named_patch(program, "keep", "mean_1", attributes={"keepdim": True}))
+    ex.restore()
+    assert session.tensor("sqrt").isnan().any() and session.tl.nondeterminism == []
