@@ -785,7 +785,7 @@ class Session:
             flat = flat * size + (ix % size)
         if len(index) != tensor.dim():
             raise RewindError(f"'{name}' has {tensor.dim()} dimensions; got an index of {len(index)}")
-        data = torch.tensor([value], dtype=tensor.dtype).numpy().tobytes()
+        data = torch.tensor([value], dtype=tensor.dtype).view(torch.uint8).numpy().tobytes()  # bfloat16 too
         return self.write_memory(name, flat * tensor.element_size(), data)
 
     def _invalidate_conditions(self) -> None:

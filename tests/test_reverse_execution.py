@@ -276,3 +276,12 @@ def test_edit_is_a_step_undone_by_stepping_back():
     assert not torch.equal(edited_out, original_out)
     rec = tl.log.last_writer(value="relu")
     assert rec.kind == "user edit"
+
+
+def test_set_element_on_a_bfloat16_value_is_an_edit_like_any_other():
+    session = open_session(MODELS / "bf16_double.py")
+    session.goto(1)
+    session.set_element("mul", (1,), 7.5)
+    assert session.tensor("mul").tolist() == [2.0, 7.5, 2.0]
+    session.goto(session.end)
+    assert session.tensor(session.program.outputs[0]).item() == 11.5
