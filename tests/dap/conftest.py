@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.dap.wire import GPT, Debugger, SchemaCheck
+from tests.forensics_cases import FORENSICS
 
 
 @pytest.fixture(scope="session")
@@ -33,3 +34,17 @@ def gpt(schema: SchemaCheck):
 def fresh(gpt: Debugger) -> Debugger:
     gpt.reset()
     return gpt
+
+
+@pytest.fixture(scope="module")
+def softmax_server(schema: SchemaCheck):
+    """A server with the planted softmax-overflow model loaded and stopped on entry."""
+    debugger = Debugger.spawn(schema)
+    assert debugger.start(FORENSICS / "softmax_overflow.py", stopOnEntry=True)["reason"] == "entry"
+    yield debugger
+    debugger.close()
+
+
+@pytest.fixture
+def debugger(softmax_server: Debugger) -> Debugger:
+    return softmax_server

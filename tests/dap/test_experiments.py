@@ -16,14 +16,6 @@ STABLE_EXP = (FIXES / "stable_softmax.py").read_text()
 
 
 @pytest.fixture(scope="module")
-def debugger(schema):
-    debugger = Debugger.spawn(schema)
-    assert debugger.start(SOFTMAX, stopOnEntry=True)["reason"] == "entry"
-    yield debugger
-    debugger.close()
-
-
-@pytest.fixture(scope="module")
 def knowledge(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("knowledge") / "fixes.json")
 

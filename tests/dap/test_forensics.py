@@ -13,14 +13,6 @@ FIXABLE = [c for c in PLANTED if c.precision_fixes]
 SOFTMAX = FORENSICS / "softmax_overflow.py"
 
 
-@pytest.fixture(scope="module")
-def debugger(schema):
-    debugger = Debugger.spawn(schema)
-    assert debugger.start(SOFTMAX, stopOnEntry=True)["reason"] == "entry"
-    yield debugger
-    debugger.close()
-
-
 def load(debugger: Debugger, path, filters: list[str], **launch) -> dict:
     """Load `path` afresh with these exception filters and run to the first stop."""
     debugger.request("setExceptionBreakpoints", {"filters": filters})
