@@ -118,3 +118,13 @@ class SessionEvents:
         if self.current is not None:
             self.current.end()
             self.current = None
+
+
+@contextmanager
+def working(adapter: "Adapter", title: str) -> Iterator[None]:
+    """A long custom request: progress shown at once (not after the usual half second)."""
+    adapter.require_launched()
+    with adapter.events.progress(title, cancellable=False) as progress:
+        if progress is not None:
+            progress.update(f"{title}: starting", 0.0)
+        yield

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from pydantic import Field
 
-from dap_server.forensics import _working
+from dap_server.events import working
 from dap_server.requests import StrictArguments, request
 from hardware.errors import RewindError
 from provenance.experiments import ORIGINAL
@@ -122,7 +122,7 @@ def _launched(adapter: "Adapter"):
 def _changing(adapter: "Adapter", title: str) -> Iterator[None]:
     """Progress while the installed branch changes; variables and stacks are stale afterwards."""
     try:
-        with _working(adapter, title):
+        with working(adapter, title):
             yield
     finally:
         adapter.variables.clear()

@@ -4,29 +4,21 @@ request reports progress from its start, since the reference pass and ablation t
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from pydantic import Field, model_validator
 
+from dap_server.events import working
 from dap_server.requests import StrictArguments, request
 from hardware.errors import RewindError
 from hardware.program import Node
 from provenance.ablation import DEFAULT_MAX_TRIALS, ablate, search
+from provenance.experiments import nodes_named
 
 if TYPE_CHECKING:
     from dap_server.adapter import Adapter
 
 MAX_ROWS = 100_000
-
-
-@contextmanager
-def _working(adapter: "Adapter", title: str) -> Iterator[None]:
-    adapter.require_launched()
-    with adapter.events.progress(title, cancellable=False) as progress:
-        if progress is not None:
-            progress.update(f"{title}: starting", 0.0)
-        yield
 
 
 class CompareWithReferenceArguments(StrictArguments):
@@ -38,7 +30,7 @@ class CompareWithReferenceArguments(StrictArguments):
 @request("compareWithReference")
 def compare_with_reference(adapter: "Adapter", args: CompareWithReferenceArguments) -> dict:
     """The per-node table: each floating output of each node against the reference."""
-    with _working(adapter, "Comparing with the reference"):
+    with working(adapter, "Comparing with the reference"):
         f = adapter.session.forensics
         rows = f.table(args.start, args.count, args.introduced)
         outputs = [c.to_dict() for c in f.outputs()]
@@ -52,7 +44,7 @@ class FirstDivergenceArguments(StrictArguments):
 @request("firstDivergence")
 def first_divergence(adapter: "Adapter", args: FirstDivergenceArguments) -> dict:
     """The first node whose error beyond tolerance it introduced (or where accumulated error crosses it)."""
-    with _working(adapter, "Looking for the first divergence"):
+    with working(adapter, "Looking for the first divergence"):
         f = adapter.session.forensics
         found = f.first_divergence(args.start)
     return {"reference": f.spec, "divergence": found.to_dict() if found else None}
@@ -76,7 +68,7 @@ class AblatePrecisionArguments(StrictArguments):
 @request("ablatePrecision")
 def ablate_precision(adapter: "Adapter", args: AblatePrecisionArguments) -> dict:
     """Run nodes at higher precision from the checkpoint before them, measure the outputs, restore."""
-    with _working(adapter, "Precision ablation"):
+    with working(adapter, "Precision ablation"):
         f = adapter.session.forensics
         if args.search:
             return {"search": search(f, args.dtype, args.maxTrials).to_dict()}
@@ -85,13 +77,7 @@ def ablate_precision(adapter: "Adapter", args: AblatePrecisionArguments) -> dict
 
 
 def _named(adapter: "Adapter", specs: list[str]) -> list[Node]:
-    program = adapter.session.program
-    found: dict[int, Node] = {}
-    for spec in specs:
-        hits = program.find_nodes(spec)
-        if not hits:
-            raise RewindError(f"no node, op or module path '{spec}' in the program")
-        found.update({i: program.nodes[i] for i in hits})
+    found = {n.index: n for spec in specs for n in nodes_named(adapter.session.program, spec)}
     return [found[i] for i in sorted(found)]
 
 

@@ -10,10 +10,11 @@ on the next `Content-Length` header and goes on.
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from hardware.jsonable import json_safe
 
 MAX_MESSAGE_BYTES = 16 * 2**20
 MAX_HEADER_BYTES = 8192
@@ -131,19 +132,9 @@ def encode(message: dict[str, Any]) -> bytes:
     try:
         text = json.dumps(message, separators=(",", ":"), allow_nan=False)
     except ValueError:
-        text = json.dumps(_finite(message), separators=(",", ":"), allow_nan=False)
+        text = json.dumps(json_safe(message), separators=(",", ":"), allow_nan=False)
     body = text.encode("utf-8")
     return b"Content-Length: %d\r\n\r\n" % len(body) + body
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def _preview(data: bytes, limit: int = 60) -> str:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from dap_server.forensics import _working
+from dap_server.events import working
 from dap_server.requests import StrictArguments, request
 from provenance.fixes import text_file
 from provenance.inputs import DEFAULT_SCALES, DEFAULT_SEEDS, DEFAULT_SHAPES, InputPlan
@@ -39,7 +39,7 @@ class RepairArguments(StrictArguments):
 @request("repair")
 def repair(adapter: "Adapter", args: RepairArguments) -> dict:
     """Run the repair loop on the loaded program; the verdict with its evidence."""
-    with _working(adapter, "Repairing"):
+    with working(adapter, "Repairing"):
         limits = RepairLimits(args.maxAttempts, args.timeLimit)
         loop = RepairLoop(adapter.session, KnowledgeBase(args.knowledge), limits,
                           InputPlan(args.seeds, tuple(args.scales), args.shapes))
@@ -55,7 +55,7 @@ class SuggestFixesArguments(StrictArguments):
 @request("suggestFixes")
 def suggest_fixes(adapter: "Adapter", args: SuggestFixesArguments) -> dict:
     """The knowledge base's candidate fixes for this pass's findings, not yet validated (repair validates)."""
-    with _working(adapter, "Suggesting fixes"):
+    with working(adapter, "Suggesting fixes"):
         session = adapter.session
         knowledge = KnowledgeBase(args.knowledge)
         findings = findings_of(investigate(session, ablate=False))

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from hardware.errors import RewindError
+from hardware.jsonable import json_safe
 from hardware.program import Program
 
 # (rtol, atol) per dtype against a float64 reference: rtol is a handful of ulps for one op's
@@ -208,14 +209,3 @@ def _error(diff: torch.Tensor, bound: torch.Tensor, bad: torch.Tensor) -> float:
     if bool((bad & ((bound == 0) | torch.isinf(diff))).any()):
         return math.inf
     return float((diff / bound.clamp_min(_TINY_BOUND)).nan_to_num(nan=0.0, posinf=math.inf).max())
-
-
-def json_safe(obj):
-    """`obj` with every NaN and infinity spelled "nan", "inf", "-inf": JSON has no words for them."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    return obj

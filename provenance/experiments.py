@@ -26,7 +26,8 @@ from checkpoint.branch import Branch, Patch
 from checkpoint.timeline import Timeline
 from hardware.errors import RewindError
 from hardware.program import Node, Program
-from provenance.compare import compare, error, json_safe
+from hardware.jsonable import json_safe
+from provenance.compare import compare, error
 
 if TYPE_CHECKING:
     from hardware.session import Session

@@ -15,7 +15,7 @@ import warnings
 from hardware.errors import RewindError
 from hardware.session import LaunchOptions, Session
 from provenance.ablation import DEFAULT_MAX_TRIALS
-from provenance.compare import json_safe
+from hardware.jsonable import json_safe
 from provenance.investigation import investigate, render
 from provenance.reference import DEFAULT_REFERENCE, save_values
 

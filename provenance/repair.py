@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from hardware.errors import RewindError
-from provenance.compare import json_safe
+from hardware.jsonable import json_safe
 from provenance.fixes import Candidate, fix_from_text
 from provenance.forensics import Finding
 from provenance.inputs import InputPlan

@@ -21,7 +21,8 @@ from checkpoint.branch import Patch
 from checkpoint.timeline import Timeline
 from hardware.driver import open_driver
 from hardware.errors import RewindError
-from provenance.compare import compare, json_safe
+from hardware.jsonable import json_safe
+from provenance.compare import compare
 from provenance.inputs import InputPlan, InputSet, input_sets
 from provenance.integrity import REFUSED, IntegrityError
 from provenance.reference import open_reference
