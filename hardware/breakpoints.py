@@ -6,6 +6,9 @@ watched value), its condition is true over the values at that position, and its 
 condition accepts the number of such hits since the start of the program. Hits are
 counted from the start, not from where the user happens to be, so forward and reverse
 execution agree on which hit is the fifth.
+
+The BreakpointTable holds the Session's line, function and data breakpoints: verified against the
+Program when set, and asked at each position a motion passes (hardware/motion.py) whether one holds.
 """
 
 from __future__ import annotations
@@ -14,12 +17,19 @@ import ast
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+
+import torch
 
 from hardware.errors import ExpressionError
-from hardware.expressions import compile_expression
+from hardware.events import SessionEvent
+from hardware.expressions import compile_expression, evaluate, truth
+from hardware.motion import Direction, Stop
 from hardware.program import Frame, Program
 from hardware.source_names import parse_source
+
+if TYPE_CHECKING:
+    from hardware.session import Session
 
 _HIT_RE = re.compile(r"^\s*(==|>=|<=|>|<|%)?\s*(\d+)\s*$")
 
@@ -146,3 +156,175 @@ def function_positions(program: Program, node_at: Callable[[int], object], end: 
             out.append(tick)
         prev_in_module = in_module
     return out
+
+
+class BreakpointTable:
+    """The Session's breakpoints by kind; positions where each one's static part matches are cached until the
+    Schedule (or, for a data breakpoint, the write log) changes."""
+
+    def __init__(self, session: "Session"):
+        self.session = session
+        self.line: dict[str, list[Breakpoint]] = {}  # by resolved file path
+        self.function: list[Breakpoint] = []
+        self.data: list[Breakpoint] = []
+        self._next_id = 1
+        self._positions_cache: dict[int, tuple] = {}
+
+    def next_id(self) -> int:
+        """Ids are unique across every kind, instruction breakpoints (hardware/instruction_cursor.py) included."""
+        self._next_id += 1
+        return self._next_id - 1
+
+    def validate(self, bp: Breakpoint) -> None:
+        try:
+            check_breakpoint_expressions(bp.condition, bp.hit_condition, bp.log_message)
+        except ExpressionError as exc:
+            bp.verified, bp.message = False, str(exc)
+
+    # -- setting ---------------------------------------------------------------------------------------
+    def set_line(self, file: str, specs: Iterable[Mapping[str, Any]]) -> list[Breakpoint]:
+        path = str(Path(file).resolve()) if file else file
+        result = []
+        for spec in specs:
+            bp = Breakpoint(self.next_id(), "line", f"{path}:{spec['line']}", spec.get("condition"),
+                            spec.get("hitCondition"), spec.get("logMessage"), file=path, line=int(spec["line"]))
+            self.validate(bp)
+            if bp.verified and self.session.program is not None:
+                self._bind_line(bp)
+            result.append(bp)
+        self.line[path] = result
+        return result
+
+    def bind_lines(self) -> None:
+        """After a launch: bind every line breakpoint to the new Program's lines."""
+        for bps in self.line.values():
+            for bp in bps:
+                self._bind_line(bp)
+
+    def _bind_line(self, bp: Breakpoint) -> None:
+        line, why = resolve_line(self.session.program, bp.file, bp.line)
+        if line is None:
+            bp.verified, bp.message = False, why
+        else:
+            bp.line = line
+
+    def set_function(self, specs: Iterable[Mapping[str, Any]]) -> list[Breakpoint]:
+        program = self.session.program
+        result = []
+        for spec in specs:
+            name = spec["name"]
+            bp = Breakpoint(self.next_id(), "function", name, spec.get("condition"), spec.get("hitCondition"))
+            self.validate(bp)
+            if bp.verified and program is not None and not program.find_nodes(name):
+                bp.verified, bp.message = False, (f"no node, op or module path '{name}' in the program "
+                                                  "(try a node name, an op like aten.softmax, or blocks.0.attn)")
+            result.append(bp)
+        self.function = result
+        return result
+
+    def set_data(self, specs: Iterable[Mapping[str, Any]]) -> list[Breakpoint]:
+        program = self.session.program
+        result = []
+        for spec in specs:
+            value = spec["dataId"]
+            bp = Breakpoint(self.next_id(), "data", value, spec.get("condition"), spec.get("hitCondition"))
+            self.validate(bp)
+            if bp.verified and (program is None or value not in program.values):
+                bp.verified, bp.message = False, f"no value named '{value}' in the program"
+            result.append(bp)
+        self.data = result
+        return result
+
+    def verified(self) -> list[Breakpoint]:
+        out = [bp for bps in self.line.values() for bp in bps]
+        return [bp for bp in out + self.function + self.data if bp.verified]
+
+    def invalidate_conditions(self) -> None:
+        """An edit changed values: every condition is evaluated again."""
+        for bp in self.verified():
+            bp.invalidate()
+
+    # -- holding ---------------------------------------------------------------------------------------
+    def stop_at(self, q: int, direction: Direction) -> Stop | None:
+        """The stop at position q where breakpoints hold there; log points print (going forward) instead."""
+        hit: list[Breakpoint] = []
+        for bp in self.verified():
+            if self._holds(bp, q, self._static_positions(bp)):
+                if bp.log_message is not None:
+                    if direction is Direction.FORWARD:
+                        self.session.on_event(SessionEvent("output", {
+                            "category": "console", "text": self._interpolate(bp.log_message, q) + "\n"}))
+                    continue
+                hit.append(bp)
+        if not hit:
+            return None
+        kinds = {bp.kind for bp in hit}
+        reason = "data breakpoint" if kinds == {"data"} else (
+            "function breakpoint" if kinds == {"function"} else "breakpoint")
+        return Stop(reason, q, ", ".join(_describe(bp) for bp in hit), [bp.id for bp in hit])
+
+    def _static_positions(self, bp: Breakpoint) -> tuple[list[int], frozenset[int]]:
+        """Positions where the breakpoint's static part matches (cached until the schedule changes)."""
+        tl, program = self.session.tl, self.session.program
+        key = (bp.id, tl.end, len(tl.log) if bp.kind == "data" else 0, id(tl))
+        cached = self._positions_cache.get(bp.id)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        if bp.kind == "line":
+            found = line_positions(program, tl.node_at, tl.end, bp.file, bp.line)
+        elif bp.kind == "function":
+            found = function_positions(program, tl.node_at, tl.end, bp.spec)
+        else:
+            found = [r.tick + 1 for r in tl.log.history(bp.spec)]
+        self._positions_cache[bp.id] = (key, (found, frozenset(found)))
+        return found, frozenset(found)
+
+    def _holds(self, bp: Breakpoint, q: int, static: tuple[list[int], frozenset[int]]) -> bool:
+        positions, members = static
+        if q not in members:
+            return False
+        if bp.condition or bp.hit_condition:
+            hits = 0
+            for p in positions:
+                if p > q:
+                    break
+                if self._condition(bp, p):
+                    hits += 1
+            return self._condition(bp, q) and bp.accepts_hits(hits)
+        return True
+
+    def _condition(self, bp: Breakpoint, q: int) -> bool:
+        if not bp.condition:
+            return True
+        if q not in bp._cond_cache:
+            try:
+                bp._cond_cache[q] = truth(evaluate(bp.condition, self.session.names_at(q)))
+            except ExpressionError as exc:
+                self.session.on_event(SessionEvent("output", {
+                    "category": "stderr", "text": f"breakpoint {bp.id} condition failed at tick {q}: {exc}\n"}))
+                bp._cond_cache[q] = True  # an unevaluable condition stops, so the user sees why
+        return bp._cond_cache[q]
+
+    def _interpolate(self, message: str, q: int) -> str:
+        def sub(m):
+            try:
+                return _short(evaluate(m[1], self.session.names_at(q)))
+            except ExpressionError as exc:
+                return f"<{exc}>"
+        return re.sub(r"\{([^{}]+)\}", sub, message)
+
+
+def _describe(bp: Breakpoint) -> str:
+    if bp.kind == "line":
+        return f"breakpoint {bp.id} at {Path(bp.file).name}:{bp.line}"
+    if bp.kind == "function":
+        return f"breakpoint {bp.id} on {bp.spec}"
+    return f"data breakpoint {bp.id}: write to {bp.spec}"
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        if value.numel() == 1:
+            return f"{value.item():.6g}" if value.is_floating_point() else str(value.item())
+        return f"tensor(shape={list(value.shape)}, dtype={str(value.dtype).removeprefix('torch.')})"
+    return str(value)

@@ -18,8 +18,11 @@ import numpy as np
 
 from hardware.breakpoints import Breakpoint
 from hardware.errors import RewindError
+from hardware.events import SessionEvent
+from hardware.exception_filters import ExceptionDetails
+from hardware.inspection import FrameInfo
 from hardware.instructions import InstructionDriver, NodeSchedule, RaceReport
-from hardware.session import Direction, ExceptionDetails, FrameInfo, SessionEvent, Stop
+from hardware.motion import Direction, Stop
 
 if TYPE_CHECKING:
     from checkpoint.timeline import Timeline
@@ -45,7 +48,7 @@ class InstructionCursor:
         self.breakpoints: list[InstructionBreakpoint] = list(breakpoints)
         for bp in self.breakpoints:
             bp.verified, bp.message = True, None
-            self.session._validate(bp)
+            self.session.breakpoints.validate(bp)
             self._bind(bp, bp.spec, {})
 
     @property
@@ -226,10 +229,9 @@ class InstructionCursor:
         out = []
         for spec in specs:
             ref = spec.get("instructionReference", "")
-            bp = InstructionBreakpoint(self.session._next_bp_id, "instruction", str(ref), None,
+            bp = InstructionBreakpoint(self.session.breakpoints.next_id(), "instruction", str(ref), None,
                                        spec.get("hitCondition"))
-            self.session._next_bp_id += 1
-            self.session._validate(bp)
+            self.session.breakpoints.validate(bp)
             self._bind(bp, ref, spec)
             out.append(bp)
         self.breakpoints = out

@@ -1,0 +1,85 @@
+"""The Session's instruction-level requests, on a chip whose nodes run as instruction streams (the sim chip):
+disassembly, instruction breakpoints, the recorded interleaving, unit states, memory by physical address.
+The InstructionCursor (hardware/instruction_cursor.py) holds the position inside a node and answers them;
+on any other driver they are a clear error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+from hardware.breakpoints import Breakpoint
+from hardware.errors import RewindError
+from hardware.instruction_cursor import InstructionCursor
+from hardware.instructions import InstructionDriver
+
+
+class InstructionLevel:
+    """Mixed into Session (hardware/session.py); `_instructions` is the cursor, None on a node-level driver."""
+
+    _instructions: InstructionCursor | None
+
+    def _attach_cursor(self) -> None:
+        """After a launch: a cursor for an instruction-stream driver, keeping the earlier launch's breakpoints."""
+        kept = self._instructions.breakpoints if self._instructions is not None else []
+        self._instructions = None
+        if isinstance(self.timeline.driver, InstructionDriver):
+            self._instructions = InstructionCursor(self, kept)
+
+    @property
+    def instruction(self) -> int:
+        """Steps of the current node's interleaving that have run (0 at a node boundary)."""
+        return self._instructions.step if self._instructions is not None else 0
+
+    @property
+    def physical_memory(self) -> bool:
+        """Does the chip expose its memory by physical address (read_address, write_address, disassemble)?"""
+        return self._instructions is not None
+
+    def _cursor(self) -> InstructionCursor:
+        if self._instructions is None:
+            raise RewindError(f"driver {self.tl.driver.name} runs nodes, not instruction streams: "
+                              "instruction-level requests need a chip like sim")
+        return self._instructions
+
+    def disassemble(self, unit: int, tick: int | None = None) -> list[dict]:
+        """A unit's instructions in the node at `tick` (default: the current node), each with its source line."""
+        return self._cursor().disassemble(unit, tick)
+
+    def set_instruction_breakpoints(self, specs: Iterable[Mapping[str, Any]]) -> list[Breakpoint]:
+        """Replace the instruction breakpoints. Each spec: instructionReference (an address), offset?, hitCondition?."""
+        return self._cursor().set_breakpoints(specs)
+
+    def instruction_at(self, address: int) -> dict:
+        """The node (with its tick), unit and instruction index of a code address."""
+        where = self._cursor().driver.instruction_at(address)
+        if where is None:
+            raise RewindError(f"no instruction at {address:#x}")
+        node, unit, pc = where
+        return {"node": self.program.nodes[node].name, "tick": self.tl.node_tick[node], "unit": unit, "pc": pc}
+
+    def interleaving(self, tick: int | None = None):
+        """The recorded Schedule of the node at `tick` (default: the current one): the unit and instruction of
+        each of its steps, and the races and hang found there. The node runs first if it never did."""
+        tl = self.tl
+        sched = self._cursor().schedule(tl.position if tick is None else tick)
+        if sched is None:
+            raise RewindError(f"tick {tl.position if tick is None else tick} runs no node on the chip")
+        return sched
+
+    def unit_states(self) -> list:
+        """Every unit's next instruction or what it waits on, at the current step of the current node."""
+        cursor, tl = self._cursor(), self.tl
+        if tl.position >= tl.end or tl.node_at(tl.position) is None:
+            raise RewindError("no node is running here: step into one")
+        return cursor.chip().units()
+
+    def read_address(self, address: int, count: int) -> bytes:
+        """Bytes of chip memory at a physical address, as they are at the current position."""
+        return self._cursor().read(address, count)
+
+    def write_address(self, address: int, data: bytes) -> int:
+        """Write chip memory at a physical address: a recorded edit, undone by stepping back."""
+        tick = self._cursor().write(address, data)
+        self.breakpoints.invalidate_conditions()
+        return tick
