@@ -9,24 +9,16 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from dap_server.client import DapClient, DapError, quiet_debugpy_log
+from dap_server.console_experiments import EXPERIMENT_HELP, ExperimentCommands
+from dap_server.console_result import CommandError, Result
 
 HISTORY = Path.home() / ".rewind_history"
 PROMPT = "(rewind) "
-
-
-class CommandError(Exception):
-    """A command the console cannot run as typed."""
-
-
-@dataclass
-class Result:
-    text: str
-    data: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -47,7 +39,7 @@ class ConsoleBreakpoint:
         return f"breakpoint {self.number} at {where}{cond}{state}"
 
 
-class Console:
+class Console(ExperimentCommands):
     def __init__(self, client: DapClient, out: TextIO, json_mode: bool = False):
         self.client, self.out, self.json_mode = client, out, json_mode
         self.breakpoints: list[ConsoleBreakpoint] = []
@@ -61,7 +53,7 @@ class Console:
             (("goto",), self.cmd_goto), (("print", "p", "eval"), self.cmd_print), (("locals",), self.cmd_locals),
             (("where", "bt"), self.cmd_where), (("locate",), self.cmd_locate), (("prov",), self.cmd_prov),
             (("checkpoints",), self.cmd_checkpoints), (("restore",), self.cmd_restore), (("save",), self.cmd_save),
-            (("help", "h"), self.cmd_help), (("quit", "q", "exit"), self.cmd_quit),
+            (("help", "h"), self.cmd_help), (("quit", "q", "exit"), self.cmd_quit), *self.experiment_commands(),
         ]:
             for name in names:
                 self.commands[name] = fn
@@ -337,7 +329,8 @@ back [node] | rc        step back, reverse-continue
 goto FILE:LINE [N]      jump to the N-th time that line runs;  restore TICK: a checkpoint
 print EXPR | locals | where     inspect (safe expressions over tensors)
 locate NAME | prov NAME         where a value lives, who wrote it
-checkpoints | save FILE | quit    list checkpoints; save the run as a trace (open it: rewind debug --trace FILE)"""
+checkpoints | save FILE | quit    list checkpoints; save the run as a trace (open it: rewind debug --trace FILE)
+""" + EXPERIMENT_HELP
         return Result(text, {"commands": sorted(self.commands)})
 
     def cmd_quit(self, args: str) -> None:

@@ -24,6 +24,11 @@ from provenance.repair import DEFAULT_ATTEMPTS, DEFAULT_SECONDS, FixText, Repair
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_pass_arguments(parser)
+    add_loop_arguments(parser)
+
+
+def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
+    """The fixes to try, the loop's limits and its input sets (shared with the console's `repair`)."""
     parser.add_argument("--fix", action="append", default=[], metavar="FIX.py",
                         help="a fix file defining PATCHES (repeat to try several, in order)")
     parser.add_argument("--suggest", action="store_true",
@@ -54,10 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
 def render(report: dict) -> str:
     lines = [f"Rewind repair: {report['program']} on {report['driver']}, reference {report['reference']}", ""]
-    for f in report["findings"]:
-        where = f"{Path(f['source']['file']).name}:{f['source']['line']}" if f["source"] else "no source line"
-        pattern = f["pattern"]["pattern"] if f["pattern"] else "no known pattern"
-        lines.append(f"Finding: {f['kind']} at {where}, node {f['node']} ({f['op']}): {pattern}")
+    lines += [f"Finding: {describe_finding(f)}" for f in report["findings"]]
     for i, a in enumerate(report["attempts"], 1):
         lines.append(f"Attempt {i}: {a['candidate']['name']}: {a['verdict'].upper()}: {a['reason']}")
         lines += [f"  refused: {v['what']} ({Path(v['file']).name}:{v['line']})" for v in a["integrity"]["violations"]]
@@ -72,6 +74,13 @@ def render(report: dict) -> str:
                      f"{recorded['name']} (validated {recorded['validations']} time(s))")
     lines += ["", f"Verdict: {report['verdict']}: {report['reason']}"]
     return "\n".join(lines)
+
+
+def describe_finding(f: dict) -> str:
+    """One finding as the verdict lists it: what, where, which node, which pattern."""
+    where = f"{Path(f['source']['file']).name}:{f['source']['line']}" if f["source"] else "no source line"
+    pattern = f["pattern"]["pattern"] if f["pattern"] else "no known pattern"
+    return f"{f['kind']} at {where}, node {f['node']} ({f['op']}): {pattern}"
 
 
 def _scales(text: str) -> tuple[float, ...]:

@@ -1,20 +1,13 @@
 """`rewind debug`, the console client: the README's demo script, and --json for agents."""
 
 import json
-import subprocess
-import sys
 
-from tests.dap.wire import GPT, ROOT
+from tests.dap.wire import GPT, ROOT, line_of, rewind
 
 DEMO = ROOT / "examples" / "demo.rewind"
 
 
-def rewind(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-c", "import sys; from dap_server.cli import main; sys.exit(main())", *args]
-    return subprocess.run(command, cwd=ROOT, input=stdin, capture_output=True, text=True, timeout=300)
-
-
-def test_demo_script_hits_a_breakpoint_steps_back_reverse_continues_and_finds_the_writer():
+def test_demo_script_hits_a_breakpoint_steps_back_reverse_continues_finds_the_writer_and_experiments():
     run = rewind("debug", str(GPT), "-x", str(DEMO))
     assert run.returncode == 0, run.stdout + run.stderr
     out = run.stdout
@@ -27,6 +20,14 @@ def test_demo_script_hits_a_breakpoint_steps_back_reverse_continues_and_finds_th
     assert "scores (div): float32[1, 4, 16, 16] in host of cpu at 0x" in out
     assert "scores (div) was written by aten.div.Tensor ('div') at gpt.py:26 at tick 14" in out
     assert "tick 0: 0 values, 0 bytes (host)" in out
+    patched = out.split("(rewind) patch precision softmax float64\n")[1]
+    assert patched.startswith("added patch 'softmax-float64' to branch 'experiment' (installed)\n")
+    assert f"softmax-float64: softmax (tick 19, gpt.py:{line_of('torch.softmax(scores')}) run at float64" in patched
+    measured = out.split("(rewind) measure --outputs\n")[1].splitlines()
+    assert measured[0] == "branch experiment, patched from tick 19 (errors in units of tolerance)"
+    assert measured[1].split() == ["output", "vs", "reference", "original", "vs", "reference", "vs", "original"]
+    assert measured[2].startswith("  linear_8  within (")
+    assert "the recorded pass is back (original installed)\n* original" in out.split("(rewind) undo\n")[1]
 
 
 def test_json_mode_prints_one_object_per_command_and_reports_errors():

@@ -26,6 +26,12 @@ def line_of(text: str, lines: list[str] = GPT_LINES) -> int:
     return next(i + 1 for i, line in enumerate(lines) if text in line)
 
 
+def rewind(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """Run the `rewind` command (the console client and its server) to completion."""
+    command = [sys.executable, "-c", "import sys; from dap_server.cli import main; sys.exit(main())", *args]
+    return subprocess.run(command, cwd=ROOT, input=stdin, capture_output=True, text=True, timeout=300)
+
+
 class SchemaCheck:
     """Validates each message the server sends against its DAP definition; keeps what failed."""
 

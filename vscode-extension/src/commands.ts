@@ -1,7 +1,11 @@
 // The Rewind commands: what each asks the adapter, from what the user pointed at, and a plain-text
 // report of the answers for the Rewind output channel.
 
+import { Comparison, describeComparison, number } from './comparison';
 import { DebugClient, ValueRef } from './dap';
+import {
+  addPatchArguments, ORIGINAL, PatchSpec, reportBranchComparison, reportListing, reportMeasurement, reportSuggestions, reportVerdict,
+} from './experiments';
 import { Location } from './tensorData';
 import { formatBytes, TickEntry } from './timelineModel';
 
@@ -13,6 +17,11 @@ export interface CommandContext {
   value?: ValueRef; // a variable or a typed name
   path?: string; // where to save a trace
   line?: { file: string; line: number }; // an editor line (1-based)
+  patch?: PatchSpec; // a patch to add
+  branch?: string; // an experiment branch
+  branches?: string[]; // experiment branches to compare
+  patchRef?: { branch: string; name: string }; // a patch to remove
+  fixes?: { text: string; name: string }[]; // fix files to try (none: the knowledge base's suggestions)
 }
 
 export interface Command {
@@ -44,12 +53,50 @@ export const COMMANDS: Record<string, Command> = {
       return reportAblation((await client.customRequest('ablatePrecision', { nodes })).ablation);
     },
   },
+  'rewind.addPatch': {
+    needs: 'patch',
+    run: async (client, ctx) => reportListing(await client.customRequest('addPatch', addPatchArguments(ctx.patch!))),
+  },
+  'rewind.listPatches': {
+    run: async (client) => reportListing(await client.customRequest('listPatches', {})),
+  },
+  'rewind.removePatch': {
+    needs: 'patchRef',
+    run: async (client, ctx) => reportListing(await client.customRequest('removePatch', ctx.patchRef)),
+  },
+  'rewind.installBranch': {
+    needs: 'branch',
+    run: async (client, ctx) => reportListing(await client.customRequest('restoreBranch', { branch: ctx.branch })),
+  },
+  'rewind.undoPatches': {
+    run: async (client) => reportListing(await client.customRequest('restoreBranch', { branch: ORIGINAL })),
+  },
+  'rewind.measureBranch': {
+    needs: 'branch',
+    run: async (client, ctx) => reportMeasurement(await client.customRequest('measureBranch', { branch: ctx.branch })),
+  },
+  'rewind.compareBranches': {
+    needs: 'branches',
+    run: async (client, ctx) => reportBranchComparison(await client.customRequest('compareBranches', { branches: ctx.branches })),
+  },
+  'rewind.repair': {
+    needs: 'fixes',
+    run: async (client, ctx) => reportVerdict(await client.customRequest('repair', { fixes: ctx.fixes })),
+  },
+  'rewind.suggestFixes': {
+    run: async (client) => reportSuggestions(await client.customRequest('suggestFixes', {})),
+  },
 };
 
 const NEEDS: Record<keyof CommandContext, string> = {
   value: 'a tensor: run it on a variable, or type a name',
   path: 'a file to save the trace to',
   line: 'an editor line of the program',
+  patch: 'a patch: a node and what it does instead',
+  branch: 'an experiment branch (Rewind: Add patch… makes one)',
+  branches: 'the experiment branches to compare',
+  patchRef: 'a patch of a branch (see Rewind: Show experiments)',
+  fixes: 'the fix files to try (none: the knowledge base\'s suggestions)',
 };
 
 /** Run a Rewind command; its report. An error names what the command is missing. */
@@ -116,23 +163,7 @@ function reportProvenance(body: any): string {
   return lines.join('\n');
 }
 
-interface Comparison {
-  value: string;
-  dtype: string;
-  error: number | string; // the worst element's error in units of its tolerance ("inf" in JSON)
-  maxAbs: number | string;
-  mismatches: number;
-  within: boolean;
-}
-
 const MAX_ROWS_REPORTED = 10;
-
-/** The comparison of a value, naming it unless `node` (its writer) has the same name. */
-function describeComparison(c: Comparison, node?: string | null): string {
-  return `${c.value === node ? '' : `${c.value} `}(${c.dtype}): ` +
-    `${c.within ? 'within tolerance' : `${c.mismatches} elements beyond tolerance`}, ` +
-    `worst ${number(c.error)}× tolerance, max |error| ${number(c.maxAbs)}`;
-}
 
 function reportComparison(table: { reference: string; rows: (Comparison & TickEntry)[]; outputs: Comparison[] },
   first: { divergence: any }): string {
@@ -159,8 +190,4 @@ function reportAblation(a: { nodes: { node: string; dtype: string }[]; before: C
   const lines = [`ran ${nodes}: the outputs are ${a.fixed ? 'within tolerance' : 'still beyond tolerance'}`];
   a.before.forEach((b, i) => lines.push(`  ${b.value}: ${number(b.error)}× tolerance before, ${number(a.after[i].error)}× after`));
   return lines.join('\n');
-}
-
-function number(x: number | string): string {
-  return typeof x === 'number' ? x.toPrecision(3) : x;
 }

@@ -5,6 +5,7 @@ import * as vscode from 'vscode';
 import { CommandContext, COMMANDS, runCommand, SHOW_TENSOR, TIMELINE_GO, TIMELINE_REFRESH } from './commands';
 import { ValueRef } from './dap';
 import { DEBUG_TYPE, registerDebugType } from './debugSetup';
+import { askBranch, askBranches, askFixes, askPatch, askPatchRef } from './experimentPrompts';
 import * as languageServer from './languageServer';
 import { RewindConfiguration } from './launch';
 import { showTensor } from './tensorPanel';
@@ -45,22 +46,32 @@ async function onStopped(session: vscode.DebugSession, timeline: TimelineView): 
   });
 }
 
+/** How each thing a command needs is asked for: from what it was run on, or from the user. */
+const ASK: { [K in keyof CommandContext]-?: (session: vscode.DebugSession, arg: unknown) => Promise<CommandContext[K]> } = {
+  value: (_, arg) => valueFrom(arg),
+  path: async () => (await vscode.window.showSaveDialog({ filters: { 'Rewind trace': ['rwtrace'] } }))?.fsPath,
+  line: async () => {
+    const editor = vscode.window.activeTextEditor;
+    return editor && { file: editor.document.uri.fsPath, line: editor.selection.active.line + 1 };
+  },
+  patch: askPatch,
+  branch: askBranch,
+  branches: askBranches,
+  patchRef: askPatchRef,
+  fixes: askFixes,
+};
+
 async function report(id: string, arg: unknown): Promise<void> {
   const session = rewindSession();
-  const ctx: CommandContext = {};
+  const ctx: Record<string, unknown> = {};
   const needs = COMMANDS[id].needs;
-  if (needs === 'value') {
-    ctx.value = await valueFrom(arg);
-  } else if (needs === 'path') {
-    ctx.path = (await vscode.window.showSaveDialog({ filters: { 'Rewind trace': ['rwtrace'] } }))?.fsPath;
-  } else if (needs === 'line') {
-    const editor = vscode.window.activeTextEditor;
-    ctx.line = editor && { file: editor.document.uri.fsPath, line: editor.selection.active.line + 1 };
+  if (needs) {
+    ctx[needs] = await ASK[needs](session, arg);
+    if (ctx[needs] === undefined) {
+      return; // the user cancelled
+    }
   }
-  if (needs && ctx[needs] === undefined) {
-    return; // the user cancelled
-  }
-  output.appendLine(await runCommand(session, id, ctx));
+  output.appendLine(await runCommand(session, id, ctx as CommandContext));
   output.show(true);
 }
 

@@ -1,0 +1,289 @@
+"""The console's experiments (`rewind debug`): patches on named branches of the frozen pass, measured
+against the reference and the original, compared and undone, and the repair loop; through the same
+DAP requests an editor sends (docs/protocol.md, "Experiments and the repair loop")."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+from pathlib import Path
+from typing import Callable
+
+from dap_server.client import DapClient
+from dap_server.console_result import CommandError, Result, table
+from provenance.experiments import ORIGINAL
+from provenance.repair_cli import add_loop_arguments, describe_finding, render
+
+EXPERIMENT_HELP = """patch precision NODE DTYPE | patch function NODE FILE [FUNCTION]
+patch attributes NODE KEY=VALUE ... | patch edit VALUE[I,J,...] NUMBER
+                        patch a node (name, op or module path) on a branch: add [as NAME] [in BRANCH]
+patches | unpatch NAME [in BRANCH]     list branches and patches (* installed); remove a patch
+branch NAME | undo      install a branch; undo: the recorded pass back, bit for bit
+measure [BRANCH] [--outputs] | compare BRANCH ...     errors against the reference and the original
+repair [--fix FILE ...] [--suggest] [...] | suggest [--limit N]   the repair loop (as rewind repair)"""
+
+RUN_S = 3600.0  # installing or measuring a branch runs part of the pass (minutes on a large model): only a hang fails
+REPAIR_MARGIN_S = 60.0  # the repair loop stops itself at its time limit
+_EDIT = re.compile(r"^([\w.]+)\[([\d,\s]*)\]\s*=?\s*(\S+)$")
+
+
+class ExperimentCommands:
+    """The experiment commands of the Console (dap_server/console.py), which supplies `client`."""
+
+    client: DapClient
+
+    def experiment_commands(self) -> list[tuple[tuple[str, ...], Callable[[str], Result]]]:
+        return [(("patch",), self.cmd_patch), (("patches",), self.cmd_patches), (("unpatch",), self.cmd_unpatch),
+                (("branch",), self.cmd_branch), (("undo",), self.cmd_undo), (("measure",), self.cmd_measure),
+                (("compare",), self.cmd_compare), (("repair",), self.cmd_repair), (("suggest",), self.cmd_suggest)]
+
+    def _request(self, command: str, arguments: dict | None = None, timeout: float = RUN_S) -> dict:
+        return self.client.request(command, arguments, timeout=timeout)
+
+    def cmd_patch(self, args: str) -> Result:
+        words, options = _trailing_options(args.split())
+        kind = words[0] if words else ""
+        if kind not in PATCH_KINDS:
+            raise CommandError(f"usage: patch {'|'.join(PATCH_KINDS)} ... [as NAME] [in BRANCH] (see: help)")
+        fields, name = PATCH_KINDS[kind](words[1:])
+        name = options.pop("name", name)
+        body = self._request("addPatch", {"name": name, **options, **fields})
+        return Result(f"added patch '{name}' to branch '{body['active']}' (installed)\n{describe_listing(body)}", body)
+
+    def cmd_patches(self, args: str) -> Result:
+        _no_arguments("patches", args)
+        body = self._request("listPatches")
+        return Result(describe_listing(body), body)
+
+    def cmd_unpatch(self, args: str) -> Result:
+        words, options = _trailing_options(args.split())
+        if len(words) != 1 or "name" in options:
+            raise CommandError("usage: unpatch NAME [in BRANCH] (see: patches)")
+        body = self._request("removePatch", {"name": words[0], **options})
+        return Result(f"removed patch '{words[0]}'\n{describe_listing(body)}", body)
+
+    def cmd_branch(self, args: str) -> Result:
+        if len(args.split()) != 1:
+            raise CommandError(f"usage: branch NAME (see: patches; '{ORIGINAL}' or undo: the recorded pass)")
+        body = self._request("restoreBranch", {"branch": args.strip()})
+        return Result(f"installed branch '{body['active']}'\n{describe_listing(body)}", body)
+
+    def cmd_undo(self, args: str) -> Result:
+        _no_arguments("undo", args)
+        body = self._request("restoreBranch", {"branch": ORIGINAL})
+        return Result(f"the recorded pass is back ({ORIGINAL} installed)\n{describe_listing(body)}", body)
+
+    def cmd_measure(self, args: str) -> Result:
+        words = args.split()
+        branch = [w for w in words if w != "--outputs"]
+        if len(branch) > 1:
+            raise CommandError("usage: measure [BRANCH] [--outputs] (default: the installed branch)")
+        body = self._request("measureBranch", {**({"branch": branch[0]} if branch else {}),
+                                                     "nodes": "--outputs" not in words})
+        return Result(describe_measurement(body), body)
+
+    def cmd_compare(self, args: str) -> Result:
+        if not args.split():
+            raise CommandError("usage: compare BRANCH [BRANCH ...] (see: patches)")
+        body = self._request("compareBranches", {"branches": args.split()})
+        return Result(describe_comparison(body), body)
+
+    def cmd_repair(self, args: str) -> Result:
+        a = _REPAIR.parse(args)
+        fixes = [{"text": _read(f), "name": Path(f).name} for f in a.fix]
+        body = self._request("repair", {
+            "fixes": fixes, "suggest": a.suggest or not fixes, "maxAttempts": a.max_attempts,
+            "timeLimit": a.time_limit, "seeds": a.seeds, "scales": list(a.scales), "shapes": a.shapes,
+            **({"knowledge": a.knowledge} if a.knowledge else {})}, timeout=a.time_limit + REPAIR_MARGIN_S)
+        return Result(render(body), body)
+
+    def cmd_suggest(self, args: str) -> Result:
+        a = _SUGGEST.parse(args)
+        body = self._request("suggestFixes", {"limit": a.limit, **({"knowledge": a.knowledge} if a.knowledge
+                                                                          else {})})
+        return Result(describe_suggestions(body), body)
+
+
+# -- patch kinds: the words after `patch KIND` -> addPatch's fields for the change, and a default name --------
+
+def _precision(words: list[str]) -> tuple[dict, str]:
+    if len(words) != 2:
+        raise CommandError("usage: patch precision NODE DTYPE (float64, float32, float16, bfloat16)")
+    node, dtype = words
+    return {"node": node, "precision": dtype}, f"{node}-{dtype}"
+
+
+def _function(words: list[str]) -> tuple[dict, str]:
+    if len(words) not in (2, 3):
+        raise CommandError("usage: patch function NODE FILE [FUNCTION] (FILE: Python defining the function)")
+    node, file, *entry = words
+    fields = {"node": node, "function": _read(file), **({"entry": entry[0]} if entry else {})}
+    return fields, f"{node}-{entry[0] if entry else Path(file).stem}"
+
+
+def _attributes(words: list[str]) -> tuple[dict, str]:
+    if len(words) < 2:
+        raise CommandError("usage: patch attributes NODE KEY=VALUE ... (VALUE: a Python literal, eps=1e-3)")
+    node, *pairs = words
+    attributes = dict(_attribute(p) for p in pairs)
+    return {"node": node, "attributes": attributes}, f"{node}-{'-'.join(attributes)}"
+
+
+def _attribute(pair: str) -> tuple[str, object]:
+    key, equals, text = pair.partition("=")
+    if not key or not equals:
+        raise CommandError(f"'{pair}' is not KEY=VALUE")
+    try:
+        return key, ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        raise CommandError(f"{key}={text}: the value is not a Python literal (a number, 'text', True, [1, 2])") \
+            from None
+
+
+def _edit(words: list[str]) -> tuple[dict, str]:
+    match = _EDIT.match(" ".join(words))
+    if not match:
+        raise CommandError("usage: patch edit VALUE[I,J,...] NUMBER (one element of a node's output)")
+    value, index, number = match.groups()
+    try:
+        fields = {"edit": {"value": value, "index": [int(i) for i in index.split(",") if i.strip()],
+                           "set": float(number)}}
+    except ValueError:
+        raise CommandError(f"an edit sets a number, got '{number}'") from None
+    return fields, f"{value}[{','.join(map(str, fields['edit']['index']))}]"
+
+
+PATCH_KINDS: dict[str, Callable[[list[str]], tuple[dict, str]]] = {
+    "precision": _precision, "function": _function, "attributes": _attributes, "edit": _edit}
+
+
+def _trailing_options(words: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The words before a trailing `as NAME` and `in BRANCH` (either order, each once), and those two."""
+    options: dict[str, str] = {}
+    while len(words) >= 3 and words[-2] in ("as", "in"):
+        key = "name" if words[-2] == "as" else "branch"
+        if key in options:
+            raise CommandError(f"'{words[-2]}' is given twice")
+        options[key], words = words[-1], words[:-2]
+    return words, options
+
+
+def _no_arguments(command: str, args: str) -> None:
+    if args:
+        raise CommandError(f"{command} takes no arguments")
+
+
+def _read(file: str) -> str:
+    try:
+        return Path(file).read_text()
+    except OSError as exc:
+        raise CommandError(f"cannot read {file}: {exc.strerror}") from None
+
+
+class _Arguments(argparse.ArgumentParser):
+    """A console command's options, parsed as argparse would; a mistake is a CommandError, never an exit."""
+
+    def __init__(self, prog: str, add: Callable[[argparse.ArgumentParser], None]):
+        super().__init__(prog=prog, add_help=False)
+        add(self)
+
+    def parse(self, args: str) -> argparse.Namespace:
+        return self.parse_args(args.split())
+
+    def error(self, message: str):
+        raise CommandError(f"{message} ({self.format_usage().strip()})")
+
+
+def _suggest_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--limit", type=int, default=3, help="candidates at most")
+    parser.add_argument("--knowledge", metavar="PATH", help="the knowledge base file (default: in the user's cache)")
+
+
+_REPAIR = _Arguments("repair", add_loop_arguments)
+_SUGGEST = _Arguments("suggest", _suggest_arguments)
+
+
+# -- reports ----------------------------------------------------------------------------------------------
+
+def describe_listing(listing: dict) -> str:
+    """The branches and their patches, `*` marking the installed one."""
+    lines = [f"{'*' if listing['active'] == ORIGINAL else ' '} {ORIGINAL} (the recorded pass)"]
+    for branch in listing["branches"]:
+        mark = "*" if branch["name"] == listing["active"] else " "
+        lines.append(f"{mark} {branch['name']}, patched from tick {branch['tick']}")
+        lines += [f"    {_describe_patch(p)}" for p in branch["patches"]]
+    return "\n".join(lines)
+
+
+def _describe_patch(patch: dict) -> str:
+    nodes = [f"{n['node']} (tick {n['tick']}{_at(n['source'])})" for n in patch["nodes"]]
+    more = f" and {len(nodes) - 3} more" if len(nodes) > 3 else ""
+    return f"{patch['name']}: {', '.join(nodes[:3])}{more} {patch['description']}"
+
+
+def describe_measurement(m: dict) -> str:
+    lines = [f"branch {m['branch']}, patched from tick {m['tick']} (errors in units of tolerance)"]
+    lines += table(["output", "vs reference", "original vs reference", "vs original"],
+                   [[o["value"], _comparison(o["reference"]), _comparison(o["originalReference"]),
+                     _comparison(o["original"])] for o in m["outputs"]])
+    if m["nodes"]:
+        lines.append(f"nodes from tick {m['tick']} against the reference (* patched):")
+        lines += table(["tick", "node", "op", "error", "original", "time", "original"],
+                       [[str(n["tick"]), n["node"] + ("*" if n["patch"] else ""), n["op"], _ratio(n["error"]),
+                         _ratio(n["originalError"]), _time(n["seconds"]), _time(n["originalSeconds"])]
+                        for n in m["nodes"]])
+    lines.append(f"time from tick {m['tick']}: {_time(m['seconds'])} (original {_time(m['originalSeconds'])})")
+    return "\n".join(lines)
+
+
+def describe_comparison(c: dict) -> str:
+    names = c["branches"]
+    lines = ["outputs against the reference (errors in units of tolerance):"]
+    lines += table(["output", ORIGINAL, *names],
+                   [[o["value"], _comparison(o["original"]), *(_comparison(o["branches"][b]["reference"])
+                                                                for b in names)] for o in c["outputs"]])
+    lines.append("nodes against the reference (* the branch patches it):")
+    lines += table(["tick", "node", "op", ORIGINAL, *names],
+                   [[str(n["tick"]), n["node"], n["op"], _ratio(n["original"]["error"]),
+                     *(_branch_error(n["branches"].get(b)) for b in names)] for n in c["nodes"]])
+    lines.append("time from the patch point: " + ", ".join(f"{b} {_time(c['seconds'][b])}" for b in names))
+    return "\n".join(lines)
+
+
+def describe_suggestions(body: dict) -> str:
+    if not body["findings"]:
+        return "no findings: no NaN/Inf, no divergence from the reference"
+    lines = [f"finding: {describe_finding(f)}" for f in body["findings"]]
+    for s in body["suggestions"]:
+        patches = "; ".join(f"{p['node']} {p['description']}" for p in s["patches"])
+        note = f", {s['note']}" if s["note"] else ""
+        lines.append(f"suggested for {s['finding']}: {s['name']} ({s['origin']}{note}): {patches}")
+    if not body["suggestions"]:
+        lines.append("no suggestions for these findings (repair --fix FILE tries a fix of yours)")
+    return "\n".join(lines)
+
+
+def _comparison(c: dict) -> str:
+    state = "within" if c["within"] else f"{c['mismatches']} beyond"
+    nonfinite = f", {c['nonfinite']} NaN/Inf" if c["nonfinite"] else ""
+    return f"{state} ({_ratio(c['error'])}){nonfinite}"
+
+
+def _branch_error(row: dict | None) -> str:
+    return "-" if row is None else _ratio(row["error"]) + ("*" if row["patch"] else "")
+
+
+def _ratio(x: float | str) -> str:
+    return x if isinstance(x, str) else f"{x:.3g}"
+
+
+def _time(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1e6:.0f} us" if seconds < 1e-3 else f"{seconds * 1e3:.3g} ms" if seconds < 1 else \
+        f"{seconds:.3g} s"
+
+
+def _at(source: str | None) -> str:
+    return f", {Path(source).name}" if source else ""
