@@ -138,7 +138,7 @@ def check_costs(bench: Bench) -> dict[str, float]:
         return median_time(lambda: [fn() for _ in range(loops)], bench.device, 3) / loops / gb * 1e3
 
     return {
-        "digest (one pass, wrapping int64 sum)": per_gb(lambda: torch_checks.digest(x)),
+        "digest (one pass, wrapping int64 sum)": per_gb(lambda: torch_checks.word_sum(x)),
         "min/max + sum (a NaN or Inf shows in them)": per_gb(lambda: (torch.aminmax(x), x.sum())),
         "every write's checks, left on the device (batched path)": per_gb(lambda: torch_checks.pack(x)),
         "every write's checks, read back at once (immediate path)": per_gb(lambda: torch_checks.inspect(x)),

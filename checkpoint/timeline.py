@@ -125,6 +125,9 @@ class Timeline:
             self.every = max(1, round(math.sqrt(len(self.program.nodes))))
         self.nondeterminism: list[Nondeterminism] = []
         self._scratch: dict[VersionKey, Any] = {}
+        # The values written at the frontier, as the driver returned them, until their last reader ran: the next
+        # nodes read these rather than their retained copies, so computing never waits for a checkpoint copy.
+        self._frontier_values: dict[VersionKey, Any] = {}
         self.patches: dict[int, Patch] = {}  # node index -> how this branch runs it instead
         self.seconds: dict[int, float] = {}  # tick -> how long its node ran when it was executed
         self._branches: list[Branch] = []
@@ -224,7 +227,7 @@ class Timeline:
             self._scratch.clear()
 
     def _available(self, key: VersionKey) -> bool:
-        if key[1] == INITIAL or key in self._scratch or key in self.ring:
+        if key[1] == INITIAL or key in self._scratch or key in self._frontier_values or key in self.ring:
             return True
         for source in (self.tiers, self.archive):
             tensor = source.load(key) if source is not None else None
@@ -239,6 +242,8 @@ class Timeline:
             self.ring.free_storages.add(self.driver.storage_key(tensor))  # the Program owns it
             return tensor
         t = self._scratch.get(key)
+        if t is None:
+            t = self._frontier_values.get(key)
         return t if t is not None else self.ring.get(key)
 
     def _deps(self, key: VersionKey) -> list[VersionKey]:
@@ -378,6 +383,7 @@ class Timeline:
                                           self.driver.locate_value(buf, self.physical[buf], unit), tensor)
                     if self.recorder is not None:
                         self.recorder.write(self.log.row(row))
+            self._forget_read(node, tick)
             if (tick + 1) % self.every == 0:
                 self._checkpoint(tick + 1)
         finally:
@@ -387,6 +393,8 @@ class Timeline:
         row = self._log_write(tick, unit, node, name, kind, self.driver.locate_value(name, tensor, unit), tensor)
         self.versions.setdefault(name, []).append(tick)
         self._store((name, tick), tensor)
+        if self.last_use_tick(name) > tick:
+            self._frontier_values[(name, tick)] = tensor
         if self.recorder is not None:
             self.recorder.write(self.log.row(row))
             if kind != KIND_VIEW:  # a view is recomputed from what it views, without the device
@@ -402,8 +410,18 @@ class Timeline:
         self.checks.add(row, tick, tensor)
         return row
 
+    def _forget_read(self, node: Node, tick: int) -> None:
+        """Let go of the frontier values `node` was the last to read (their retained copies stay in the ring)."""
+        for name in node.input_names():
+            if self.program.values[name].last_use == node.index:
+                self._frontier_values.pop((name, self.version_at(name, tick)), None)
+
     def _checkpoint(self, tick: int) -> None:
-        pins = frozenset(k for n in self.live(tick) if (k := (n, self.version_at(n, tick))) in self.ring)
+        """Pin the retained versions live at `tick`, the frontier: every version recorded is older than it."""
+        ring, values, node_tick, nodes = self.ring, self.program.values, self.node_tick, len(self.program.nodes)
+        pins = frozenset(k for n, ticks in self.versions.items()  # last_use_tick inlined: this runs every few ticks
+                         if ticks and ((last := values[n].last_use) >= nodes or tick <= node_tick[last])
+                         and (k := (n, ticks[-1])) in ring)
         self.ring.checkpoints[tick] = Checkpoint(tick, pins, self.ring.tier)
         if self.recorder is not None:
             self.recorder.checkpoint(tick, sorted(pins))
@@ -473,6 +491,7 @@ class Timeline:
             return
         self.log.truncate(tick)
         self.ring.drop_after(tick)
+        self._frontier_values = {k: v for k, v in self._frontier_values.items() if k[1] < tick}
         if self.tiers is not None:
             self.tiers.drop_after(tick)
         if self.recorder is not None:

@@ -88,13 +88,20 @@ class Node:
         return self.module_stack[-1][0] if self.module_stack else ""
 
     def input_names(self) -> list[str]:
-        found: list[str] = []
-        _collect_refs((self.args, self.kwargs), found)
-        return list(dict.fromkeys(found))
+        names = self.__dict__.get("_input_names")
+        if names is None:
+            found: list[str] = []
+            _collect_refs((self.args, self.kwargs), found)
+            names = self.__dict__["_input_names"] = tuple(dict.fromkeys(found))
+        return list(names)
 
     def bind(self, lookup: Callable[[str], Any]) -> tuple[tuple, dict]:
-        """Arguments with every Ref replaced by lookup(name)."""
-        return _substitute(self.args, lookup), _substitute(self.kwargs, lookup)
+        """Arguments with every Ref replaced by lookup(name). The Refs' places are found once per node: binding
+        runs for every node the Timeline executes, and its cost is host time a GPU waits for."""
+        binders = self.__dict__.get("_binders")
+        if binders is None:
+            binders = self.__dict__["_binders"] = (_Binder(self.args), _Binder(self.kwargs))
+        return binders[0](lookup), binders[1](lookup)
 
     def describe(self) -> str:
         where = f" at {self.loc}" if self.loc else ""
@@ -112,16 +119,32 @@ def _collect_refs(obj: Any, out: list[str]) -> None:
             _collect_refs(item, out)
 
 
-def _substitute(obj: Any, lookup: Callable[[str], Any]) -> Any:
-    if isinstance(obj, Ref):
-        return lookup(obj.name)
-    if isinstance(obj, tuple):
-        return tuple(_substitute(o, lookup) for o in obj)
-    if isinstance(obj, list):
-        return [_substitute(o, lookup) for o in obj]
-    if isinstance(obj, dict):
-        return {k: _substitute(v, lookup) for k, v in obj.items()}
-    return obj
+class _Binder:
+    """A tuple, list or dict of arguments as a template and the places in it where Refs (or containers holding
+    Refs) go."""
+
+    def __init__(self, obj: tuple | list | dict):
+        self.kind = type(obj)
+        items = list(obj.items() if isinstance(obj, dict) else enumerate(obj))
+        self.template = dict(obj) if isinstance(obj, dict) else list(obj)
+        self.refs = [(k, v.name) for k, v in items if isinstance(v, Ref)]
+        self.nested = [(k, _Binder(v)) for k, v in items if isinstance(v, (tuple, list, dict)) and _has_ref(v)]
+
+    def __call__(self, lookup: Callable[[str], Any]) -> Any:
+        if not self.refs and not self.nested:
+            return self.template.copy() if self.kind is not tuple else tuple(self.template)
+        out = self.template.copy()
+        for k, name in self.refs:
+            out[k] = lookup(name)
+        for k, binder in self.nested:
+            out[k] = binder(lookup)
+        return tuple(out) if issubclass(self.kind, tuple) else out
+
+
+def _has_ref(obj: Any) -> bool:
+    found: list[str] = []
+    _collect_refs(obj, found)
+    return bool(found)
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 from dataclasses import replace
 from typing import Any
@@ -151,12 +152,13 @@ class TorchDriver(Driver):
     def locate(self, tensor: torch.Tensor, unit: str | None = None) -> Location:
         """Where a tensor's elements are (cheap: the write log asks for every write; the caching allocator's
         view of the memory is `allocator_info`)."""
+        device = tensor.device
         extra: dict[str, Any] = {
             "storage": tensor.untyped_storage().data_ptr(),
             "storage_offset_bytes": tensor.storage_offset() * tensor.element_size(),
         }
-        return Location(chip=str(tensor.device), unit=unit or self.unit_name,
-                        space="HBM" if tensor.device.type == "cuda" else "host", address=tensor.data_ptr(),
+        return Location(chip=_device_name(device), unit=unit or self.unit_name,
+                        space="HBM" if device.type == "cuda" else "host", address=tensor.data_ptr(),
                         nbytes=_extent_bytes(tensor), dtype=_dtype_name(tensor.dtype), shape=tuple(tensor.shape),
                         strides=tuple(tensor.stride()), extra=extra)
 
@@ -241,8 +243,14 @@ def _narrower(have: torch.dtype, want: torch.dtype) -> bool:
     return have.is_floating_point and have != want and have.itemsize <= want.itemsize
 
 
+@functools.cache
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+@functools.cache
+def _device_name(device: torch.device) -> str:
+    return str(device)
 
 
 def _bytes_view(tensor: torch.Tensor) -> torch.Tensor:
@@ -251,6 +259,8 @@ def _bytes_view(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _extent_bytes(tensor: torch.Tensor) -> int:
+    if tensor.is_contiguous():
+        return tensor.numel() * tensor.element_size()
     if tensor.numel() == 0:
         return 0
     last = sum((s - 1) * st for s, st in zip(tensor.shape, tensor.stride()) if s > 0)

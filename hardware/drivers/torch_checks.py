@@ -1,97 +1,122 @@
 """The torch driver's on-device checks of a write: digest, NaN/Inf, min/max/mean.
 
-Three reductions on the device (digest, min/max, sum) make one int64 row, `pack`; `stats`
-turns a row into WriteStats. `inspect` reads its row back at once (one host sync per write);
-`TorchReadback` carries a batch of rows to the host in one asynchronous copy. Both take the
-same path: NaN and Inf show in the row (min/max propagate a NaN, an Inf is an extreme), and
-only a row that shows one (or an overflowed sum) is looked at closer, from its tensor, to
-count them and take the stats of the finite elements. So the check that runs on every write
-costs three passes over its bytes, and both ways write the same stats into the write log.
+Three reductions on the device (digest, min/max, sum) make a `Check`: the digest's word sum and
+[min, max, sum] in the sum's dtype. Five kernels a write, whatever its dtype: on a GPU each is a
+launch the host pays for, so `pack` makes no other. `TorchReadback` carries a batch of them to
+the host in one asynchronous copy per column; `inspect` is a batch of one read back at once. Both
+take the same path: NaN and Inf show in the row (min/max propagate a NaN, an Inf is an extreme), and
+only a row that shows one (or an overflowed sum) is looked at closer, from its tensor, to count them
+and take the stats of the finite elements. So the check that runs on every write costs three passes
+over its bytes, and both ways write the same stats into the write log.
 """
 
 from __future__ import annotations
 
 import math
-import struct
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from hardware.driver import ChecksReadback, WriteStats
 
 
-def digest(flat: torch.Tensor) -> torch.Tensor:
-    """A checksum of the bytes computed on the device: the wrapping sum of their widest words.
+class Check(NamedTuple):
+    """One write's checks, on its device: the digest's word sum (int64, 0-d) and [min, max, sum] (1-d)."""
 
-    One pass, no temporaries; any change of one word changes it. It does not see a permutation
-    of whole words, which no non-deterministic kernel produces without also changing values."""
-    raw = flat.contiguous().view(torch.uint8)
-    nbytes = raw.numel()
-    for dtype, width in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
-        if nbytes % width == 0:
-            return raw.view(dtype).sum(dtype=torch.int64) + nbytes
-    return raw.sum(dtype=torch.int64) + nbytes
+    words: torch.Tensor
+    extremes_sum: torch.Tensor
 
 
-def _elements(tensor: torch.Tensor) -> torch.Tensor:
+_WORDS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+
+def word_sum(flat: torch.Tensor) -> torch.Tensor:
+    """The wrapping int64 sum of a 1-d tensor's bytes read as their widest words: one pass, no temporaries."""
+    nbytes = flat.numel() * flat.element_size()
+    width = next(w for w in (8, 4, 2, 1) if nbytes % w == 0)
+    return flat.contiguous().view(_WORDS[width]).sum(dtype=torch.int64)
+
+
+def _wrap64(n: int) -> int:
+    return (n + (1 << 63)) % (1 << 64) - (1 << 63)
+
+
+def digest_of(words: int, tensor: torch.Tensor) -> int:
+    """A checksum of a tensor's bytes from their word sum: any change of one word changes it. It does not see
+    a permutation of whole words, which no non-deterministic kernel produces without also changing values."""
+    return _wrap64(words + tensor.numel() * tensor.element_size())
+
+
+def _elements(flat: torch.Tensor) -> torch.Tensor:
     """The elements the stats describe: booleans as bytes, complex numbers by magnitude."""
-    flat = tensor.reshape(-1)
     x = flat.view(torch.uint8) if flat.dtype == torch.bool else flat
     return x.abs() if x.is_complex() else x
 
 
-def pack(tensor: torch.Tensor) -> torch.Tensor | None:
-    """int64 [digest, min, max, sum] of a write (the floats as float64 bit patterns), computed on its device
-    without waiting for it; None for an empty tensor. A narrow float sums in float32, an integer in float64."""
-    if tensor.numel() == 0:
+def _sum_dtype(dtype: torch.dtype) -> torch.dtype:
+    """A narrow float sums in float32, an integer in float64 (a float32 sum in float64 is 20x slower on a CPU)."""
+    if dtype.is_floating_point:
+        return torch.float32 if dtype.itemsize < 4 else dtype
+    return torch.float64
+
+
+def pack(tensor: torch.Tensor) -> Check | None:
+    """The checks of a write, computed on its device without waiting for them; None for an empty tensor."""
+    flat = tensor.reshape(-1)
+    if flat.numel() == 0:
         return None
-    x = _elements(tensor)
-    total = x.sum(dtype=(torch.float32 if x.element_size() < 4 else None) if x.is_floating_point() else torch.float64)
+    x = _elements(flat)
+    wide = _sum_dtype(x.dtype)
+    total = x.sum(dtype=wide)
     lo, hi = torch.aminmax(x)
-    floats = torch.stack([lo.double(), hi.double(), total.double()]).view(torch.int64)
-    return torch.cat([digest(tensor.reshape(-1)).reshape(1), floats])
+    if lo.dtype != wide:
+        lo, hi = lo.to(wide), hi.to(wide)
+    return Check(word_sum(flat), torch.stack([lo, hi, total]))
 
 
-def stats(row: list[int], tensor: torch.Tensor) -> WriteStats:
-    """WriteStats from a packed row; a row showing a NaN, an Inf or an overflowed sum is looked at closer."""
-    lo, hi, total = struct.unpack("<3d", struct.pack("<3q", *row[1:]))
+def stats(words: int, extremes_sum: list[float], tensor: torch.Tensor) -> WriteStats:
+    """WriteStats from a Check read back; a row showing a NaN, an Inf or an overflowed sum is looked at closer."""
+    lo, hi, total = extremes_sum
+    digest_ = digest_of(words, tensor)
     if math.isfinite(lo) and math.isfinite(hi) and math.isfinite(total):
-        return WriteStats(row[0], 0, 0, lo, hi, total / tensor.numel())
-    x = _elements(tensor)
+        return WriteStats(digest_, 0, 0, lo, hi, total / tensor.numel())
+    x = _elements(tensor.reshape(-1))
     if math.isfinite(lo) and math.isfinite(hi):  # the sum overflowed its accumulator: redo it wide
-        return WriteStats(row[0], 0, 0, lo, hi, float(x.sum(dtype=torch.float64)) / x.numel())
+        return WriteStats(digest_, 0, 0, lo, hi, float(x.sum(dtype=torch.float64)) / x.numel())
     # Count, then take the stats of the finite elements without compacting them (boolean indexing copies and
     # costs several times these passes).
     nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
     finite = x.numel() - nan - inf
     if not finite:
-        return WriteStats(row[0], nan, inf, math.nan, math.nan, math.nan)
+        return WriteStats(digest_, nan, inf, math.nan, math.nan, math.nan)
     f_lo = torch.nan_to_num(x, nan=math.inf, posinf=math.inf, neginf=math.inf).amin()
     f_hi = torch.nan_to_num(x, nan=-math.inf, posinf=-math.inf, neginf=-math.inf).amax()
     f_total = torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0).sum(dtype=torch.float64)
     f_lo, f_hi, f_total = torch.stack([f_lo.double(), f_hi.double(), f_total]).tolist()
-    return WriteStats(row[0], nan, inf, f_lo, f_hi, f_total / finite)
+    return WriteStats(digest_, nan, inf, f_lo, f_hi, f_total / finite)
 
 
 def inspect(tensor: torch.Tensor) -> WriteStats:
     """The stats of a write, read back at once: one host sync."""
-    row = pack(tensor)
-    return WriteStats.empty() if row is None else stats(row.tolist(), tensor)
+    return TorchReadback([pack(tensor)], [tensor]).stats()[0]
 
 
 class TorchReadback(ChecksReadback):
-    """A batch of packed rows on its way to the host: one copy into pinned memory, ordered by an event (on a
-    CUDA device); on the CPU the rows are host memory already."""
+    """A batch of Checks on its way to the host. On a CUDA device each column is stacked (one kernel) and copied
+    into pinned memory, ordered by an event; on the CPU the Checks are host memory already."""
 
-    def __init__(self, checks: list[torch.Tensor | None], tensors: list[Any]):
+    def __init__(self, checks: list[Check | None], tensors: list[Any]):
         self._checks, self._tensors = checks, tensors
-        rows = [c for c in checks if c is not None]
-        self._host: torch.Tensor | None = torch.stack(rows) if rows else None
+        self._packed = [c for c in checks if c is not None]
+        self._columns: list[torch.Tensor] | None = None
         self._event = None
-        if self._host is not None and self._host.is_cuda:
-            device_rows = self._host
-            self._host = torch.empty(device_rows.shape, dtype=torch.int64, pin_memory=True)
-            self._host.copy_(device_rows, non_blocking=True)
+        if self._packed and self._packed[0].words.is_cuda:
+            self._columns = []
+            for column in zip(*self._packed):  # stack promotes: float32 and float64 rows read back as float64
+                on_device = torch.stack(column)
+                host = torch.empty(on_device.shape, dtype=on_device.dtype, pin_memory=True)
+                host.copy_(on_device, non_blocking=True)  # the allocator frees `on_device` in stream order
+                self._columns.append(host)
             self._event = torch.cuda.Event()
             self._event.record()
 
@@ -101,6 +126,7 @@ class TorchReadback(ChecksReadback):
     def stats(self) -> list[WriteStats]:
         if self._event is not None:
             self._event.synchronize()
-        rows = iter(self._host.tolist() if self._host is not None else [])
-        return [WriteStats.empty() if check is None else stats(next(rows), tensor)
+        rows = iter(zip(*(column.tolist() for column in self._columns)) if self._columns is not None else
+                    ((int(c.words), c.extremes_sum.tolist()) for c in self._packed))
+        return [WriteStats.empty() if check is None else stats(*next(rows), tensor)
                 for check, tensor in zip(self._checks, self._tensors)]
