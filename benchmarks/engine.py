@@ -29,7 +29,7 @@ from hardware.session import Direction, LaunchOptions, Session  # noqa: E402
 
 def sync(device: str) -> None:
     if device.startswith("cuda"):
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)  # the device benchmarked (`cuda:1` is not the current device)
 
 
 def timed(fn, device: str) -> float:

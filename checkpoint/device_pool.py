@@ -5,8 +5,8 @@ allocator grow segment after segment; copying it into a pool allocated once lets
 block go back to the allocator, as in an eager run, and checkpointing never allocates. Slots are
 carved first-fit and a freed slot coalesces with its free neighbours. On a CUDA device the copies
 go device to device on a side stream, ordered by events, so they overlap the compute stream; a
-consumer waits for a slot's copy on the device, never on the host. On the CPU the same class
-copies synchronously (its logic is tested there).
+consumer waits for a slot's copy on the device, never on the host. On the CPU the same lines run
+with torch.cpu's stream and event stand-ins, which order nothing: the CPU copies in program order.
 """
 
 from __future__ import annotations
@@ -33,25 +33,34 @@ class _Slot:
     source: StorageWeakRef  # the storage it is a copy of: while that lives, views of it share this slot
     source_ptr: int
     source_device: torch.device
-    event: Any  # a CUDA event recorded after the copy; None once a consumer has waited for it (or on the CPU)
+    event: Any  # recorded on the side stream after the copy; None once the compute stream has waited for it
+
+
+def side_stream(device: torch.device) -> Any:
+    """A stream of its own on `device` (the CPU's stand-in: torch.cpu has one stream and runs it in order)."""
+    return torch.cuda.Stream(device) if device.type == "cuda" else torch.cpu.Stream()
 
 
 class DevicePool:
     def __init__(self, capacity: int, device: str | torch.device):
         if capacity <= 0:
             raise RewindError(f"a checkpoint pool needs a positive capacity, not {capacity} bytes")
-        self.device = torch.device(device)
         self.capacity = capacity
-        self.buffer = torch.empty(capacity, dtype=torch.uint8, device=self.device)
+        self.buffer = torch.empty(capacity, dtype=torch.uint8, device=torch.device(device))
+        self.device = self.buffer.device  # `cuda` made `cuda:0`: tensors report their device with its index
         self._storage = self.buffer.untyped_storage()
         self.base = self._storage.data_ptr()
-        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._streams = torch.get_device_module(self.device)
+        self.stream = side_stream(self.device)
+        if self.buffer.is_cuda:  # freed with copies still queued on the side stream, it must not be reused before them
+            self.buffer.record_stream(self.stream)
         self._free: list[list[int]] = [[0, capacity]]  # [offset, size], sorted by offset, never adjacent
         self._slots: dict[int, _Slot] = {}
         self._offsets: list[int] = []  # sorted offsets of the slots in use
         self._by_source: dict[int, int] = {}  # source storage address -> slot offset
         self.copies = 0
         self.bytes_copied = 0
+        self.waits = 0  # copies the compute stream was made to wait for (each at most once)
 
     # -- what the pool holds ----------------------------------------------------------------------
     def holds(self, tensor: torch.Tensor) -> bool:
@@ -120,18 +129,14 @@ class DevicePool:
         offset = self._allocate(nbytes)
         src = torch.empty(0, dtype=torch.uint8, device=source.device).set_(source)
         dst = self.buffer[offset: offset + nbytes]
-        event = None
-        if self.stream is not None:
-            compute = torch.cuda.current_stream(self.device)
-            self.stream.wait_stream(compute)  # after the write it copies, and after every read of the slot's last tenant
-            with torch.cuda.stream(self.stream):
-                dst.copy_(src, non_blocking=True)
-            if src.is_cuda:
-                src.record_stream(self.stream)  # the allocator must not hand the output's block out before the copy ran
-            event = torch.cuda.Event()
-            event.record(self.stream)
-        else:
-            dst.copy_(src)
+        # on the side stream after the write it copies and after every read of the slot's last tenant
+        self.stream.wait_stream(self._streams.current_stream(self.device))
+        with self._streams.stream(self.stream):
+            dst.copy_(src, non_blocking=True)
+        if src.is_cuda:
+            src.record_stream(self.stream)  # the allocator must not hand the output's block out before the copy ran
+        event = self._streams.Event()
+        event.record(self.stream)
         self._slots[offset] = _Slot(aligned(nbytes), StorageWeakRef(source), source.data_ptr(), source.device, event)
         bisect.insort(self._offsets, offset)
         self._by_source[source.data_ptr()] = offset
@@ -144,8 +149,9 @@ class DevicePool:
         offset = self.slot_of(tensor)
         slot = self._slots.get(offset) if offset is not None else None
         if slot is not None and slot.event is not None:
-            torch.cuda.current_stream(self.device).wait_event(slot.event)
+            self._streams.current_stream(self.device).wait_event(slot.event)
             slot.event = None  # later work on the compute stream is ordered after this wait
+            self.waits += 1
 
     def release(self, key: Hashable) -> None:
         """Free a slot the ring no longer retains (ignores keys that are not the pool's)."""

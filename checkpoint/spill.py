@@ -23,8 +23,7 @@ from checkpoint.tiers import HostTier
 
 
 def _compress(host: torch.Tensor, copied: Any) -> dict:
-    if copied is not None:
-        copied.synchronize()
+    copied.synchronize()  # the copy into `host` has landed
     return encode_tensor(host)
 
 
@@ -59,19 +58,19 @@ class PinnedSpill:
         self.staged += 1
 
     def _stage(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        """A host copy of `tensor` and the event its copy completes at (None when it is already complete)."""
+        """A host copy of `tensor` on its way and the event it lands at, which the compressor waits for. On the
+        CPU torch.cpu's stream and event stand-ins run the same lines, and the copy has landed on return."""
+        streams = torch.get_device_module(tensor.device)
+        compute = streams.current_stream(tensor.device)
+        stream = compute if self.stream is None else self.stream
         host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
-        if not tensor.is_cuda:
-            return host.copy_(tensor), None
-        compute = torch.cuda.current_stream(tensor.device)
-        stream = self.stream or compute
         if stream != compute:
-            stream.wait_stream(compute)
-        with torch.cuda.stream(stream):
+            stream.wait_stream(compute)  # the copy reads what the compute stream wrote
+        with streams.stream(stream):
             host.copy_(tensor, non_blocking=True)
-        if stream != compute:
-            tensor.record_stream(stream)
-        copied = torch.cuda.Event()
+        if tensor.is_cuda and stream != compute:
+            tensor.record_stream(stream)  # its allocator block is not reused on the compute stream before the copy
+        copied = streams.Event()
         copied.record(stream)
         return host, copied
 

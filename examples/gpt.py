@@ -24,7 +24,7 @@ class Attention(nn.Module):
         k = k.view(batch, tokens, self.heads, -1).transpose(1, 2)
         v = v.view(batch, tokens, self.heads, -1).transpose(1, 2)
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-        mask = torch.ones(tokens, tokens, dtype=torch.bool).tril()
+        mask = torch.ones(tokens, tokens, dtype=torch.bool, device=x.device).tril()
         scores = scores.masked_fill(~mask, float("-inf"))
         weights = torch.softmax(scores, dim=-1)
         out = (weights @ v).transpose(1, 2).reshape(batch, tokens, width)

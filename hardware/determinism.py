@@ -16,7 +16,13 @@ from typing import Any, Callable
 import torch
 
 CUBLAS_WORKSPACE = "CUBLAS_WORKSPACE_CONFIG"
+# The workspace configs torch accepts as deterministic (at::Context::checkCuBLASConfigDeterministic): with any
+# other, every cuBLAS call in deterministic mode alerts.
+CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
 _ALERT = " does not have a deterministic implementation"
+# torch decides whether cuBLAS is deterministic once, at its first cuBLAS call: a process that used cuBLAS before
+# the workspace config was set gets this alert from every cuBLAS op in deterministic mode
+_CUBLAS_ALERT = "it uses CuBLAS"
 
 
 @dataclass(frozen=True)
@@ -60,11 +66,15 @@ def make_deterministic() -> tuple[Determinism, list[str]]:
     """Switch torch to its deterministic kernels, process-wide. Returns the settings replaced (to `apply` them
     back) and warnings about what could not take effect."""
     before = current()
-    apply(Determinism(True, True, False, True, False, before.cublas_workspace or ":4096:8"))
+    workspace = before.cublas_workspace if before.cublas_workspace in CUBLAS_DETERMINISTIC else CUBLAS_DETERMINISTIC[0]
+    apply(Determinism(True, True, False, True, False, workspace))
     caveats = []
-    if before.cublas_workspace is None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        caveats.append(f"{CUBLAS_WORKSPACE} was set after CUDA started: a cuBLAS handle created before it "
-                       "may still pick non-deterministic workspaces (set it before the process uses CUDA)")
+    if before.cublas_workspace not in (None, workspace):
+        caveats.append(f"{CUBLAS_WORKSPACE}={before.cublas_workspace} is not deterministic: replaced by {workspace} "
+                       f"(torch accepts {' or '.join(CUBLAS_DETERMINISTIC)})")
+    if before.cublas_workspace != workspace and torch.cuda.is_available() and torch.cuda.is_initialized():
+        caveats.append(f"{CUBLAS_WORKSPACE} was set after CUDA started: torch reads it once, at its first cuBLAS "
+                       "call, and a handle created before may keep its workspace (set it before the process uses CUDA)")
     return before, caveats
 
 
@@ -89,11 +99,21 @@ class OpWatch:
         try:
             return _with_algorithms(True, fn)
         except RuntimeError as exc:
-            if _ALERT not in str(exc):
+            kernel = _alerted_kernel(str(exc))
+            if kernel is None:
                 raise
-            self.found[op] = str(exc).split(_ALERT)[0].strip()
-            self._report(op, self.found[op])
+            self.found[op] = kernel
+            self._report(op, kernel)
             return _with_algorithms(False, fn)
+
+
+def _alerted_kernel(message: str) -> str | None:
+    """The kernel a determinism alert of torch's names; None when `message` is not one."""
+    if _ALERT in message:
+        return message.split(_ALERT)[0].strip()
+    if _CUBLAS_ALERT in message:
+        return f"cuBLAS (torch read {CUBLAS_WORKSPACE} at its first cuBLAS call, before it was set)"
+    return None
 
 
 def _with_algorithms(deterministic: bool, fn: Callable[[], Any]) -> Any:

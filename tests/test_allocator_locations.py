@@ -10,15 +10,29 @@ from tests.conftest import EXAMPLES, program
 
 GPT = str(EXAMPLES / "gpt.py")
 
-# The shape of torch.cuda.memory_snapshot(include_traces=False): two segments, one of a CUDA graph's pool.
+# torch.cuda.memory_snapshot(include_traces=False) as torch 2.13 builds it (segmentInfoToDict in
+# torch/csrc/cuda/Module.cpp): every key it writes, the stream as the cudaStream_t's integer (0: the default
+# stream), the pool id as a pair, and a block freed on one stream while another still uses it in its real state
+# name. Three segments: the default pools' large and small ones, and one of a CUDA graph's private pool.
 SNAPSHOT = [
-    {"device": 0, "address": 0x7F0000000000, "total_size": 2 << 20, "stream": 0, "segment_type": "large",
-     "segment_pool_id": (0, 0),
-     "blocks": [{"address": 0x7F0000000000, "size": 1 << 20, "requested_size": 1000000, "state": "active_allocated"},
-                {"address": 0x7F0000100000, "size": 1 << 20, "requested_size": 0, "state": "inactive"}]},
-    {"device": 0, "address": 0x7F0000400000, "total_size": 1 << 20, "stream": 94, "segment_type": "small",
-     "segment_pool_id": (1, 2),
-     "blocks": [{"address": 0x7F0000400000, "size": 1 << 20, "requested_size": 512, "state": "active_allocated"}]},
+    {"device": 0, "address": 0x7F0000000000, "total_size": 2 << 20, "allocated_size": 1 << 20,
+     "active_size": 1 << 20, "requested_size": 1000000, "stream": 0, "segment_type": "large",
+     "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
+     "blocks": [{"address": 0x7F0000000000, "size": 1 << 20, "requested_size": 1000000,
+                 "state": "active_allocated", "frames": []},
+                {"address": 0x7F0000100000, "size": 1 << 20, "requested_size": 0, "state": "inactive", "frames": []}]},
+    {"device": 0, "address": 0x7F0000200000, "total_size": 2 << 20, "allocated_size": 0, "active_size": 512,
+     "requested_size": 500, "stream": 0x55D0C8A3E2F0, "segment_type": "small", "segment_pool_id": (0, 0),
+     "is_expandable": False, "frames": [],
+     "blocks": [{"address": 0x7F0000200000, "size": 512, "requested_size": 500, "state": "active_pending_free",
+                 "frames": []},
+                {"address": 0x7F0000200200, "size": (2 << 20) - 512, "requested_size": 0, "state": "inactive",
+                 "frames": []}]},
+    {"device": 0, "address": 0x7F0000400000, "total_size": 1 << 20, "allocated_size": 1 << 20,
+     "active_size": 1 << 20, "requested_size": 512, "stream": 0x55D0C8A3E2F0, "segment_type": "small",
+     "segment_pool_id": (1, 2), "is_expandable": False, "frames": [],
+     "blocks": [{"address": 0x7F0000400000, "size": 1 << 20, "requested_size": 512, "state": "active_allocated",
+                 "frames": []}]},
 ]
 
 
@@ -26,9 +40,13 @@ def test_an_address_resolves_to_its_segment_block_stream_and_pool():
     found = block_at(SNAPSHOT, 0x7F0000100010)
     assert (found["segment"], found["block"], found["offset_in_block"]) == (hex(0x7F0000000000), hex(0x7F0000100000), 16)
     assert (found["block_state"], found["stream"], found["pool"]) == ("inactive", 0, "large")
+    pending = block_at(SNAPSHOT, 0x7F0000200100)
+    assert (pending["block"], pending["block_state"], pending["pool"]) == (hex(0x7F0000200000), "active_pending_free",
+                                                                           "small")
     graph = block_at(SNAPSHOT, 0x7F0000400200)
-    assert (graph["stream"], graph["pool"], graph["requested_size"]) == (94, "small (private pool 1:2)", 512)
-    assert block_at(SNAPSHOT, 0x7F0000300000) == {}  # between segments: not allocator memory
+    assert (graph["stream"], graph["pool"], graph["requested_size"]) == (0x55D0C8A3E2F0, "small (private pool 1:2)",
+                                                                         512)
+    assert block_at(SNAPSHOT, 0x7F0000500000) == {}  # past the segments: not allocator memory
     assert block_at(SNAPSHOT, 0x7F0000000010, device=1) == {}
 
 

@@ -29,6 +29,21 @@ def test_a_deterministic_driver_sets_torch_cudnn_and_cublas_then_gives_them_back
     assert determinism.current() == before
 
 
+def test_a_workspace_config_torch_counts_as_non_deterministic_is_replaced_reported_and_given_back(monkeypatch):
+    monkeypatch.setenv(determinism.CUBLAS_WORKSPACE, ":0:0")  # a valid config, but one that makes cuBLAS ops raise
+    unpool = program(UNPOOL)
+    reports: list[str] = []
+    driver = TorchDriver(torch.device("cpu"), deterministic=True)
+    driver.on_report = reports.append
+    try:
+        assert os.environ[determinism.CUBLAS_WORKSPACE] == ":4096:8"
+        driver.load(unpool)  # tells the user what it changed
+    finally:
+        determinism.apply(driver.replaced)
+    assert os.environ[determinism.CUBLAS_WORKSPACE] == ":0:0"
+    assert any("CUBLAS_WORKSPACE_CONFIG=:0:0 is not deterministic: replaced by :4096:8" in r for r in reports)
+
+
 def test_an_op_without_a_deterministic_kernel_is_reported_once_by_name():
     reports: list[str] = []
     unpool = program(UNPOOL)  # exported before: export runs the op's decomposition, which alerts too

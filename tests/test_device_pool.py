@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from checkpoint.device_pool import ALIGN, DevicePool
+from checkpoint.ring import Ring
 from checkpoint.spill import PinnedSpill
 from checkpoint.tiers import HostTier
 from checkpoint.timeline import Timeline
@@ -41,6 +42,29 @@ def test_the_pool_carves_first_fit_and_coalesces_freed_neighbours():
     assert pool.free_ranges() == [(0, 2 * ALIGN), (3 * ALIGN, ALIGN)] and pool.fits(2 * ALIGN)
     with pytest.raises(RewindError, match="no free range"):
         pool.adopt(torch.zeros(3 * ALIGN, dtype=torch.uint8))
+
+
+def test_a_pool_named_without_the_index_its_tensors_report_still_knows_its_own_views():
+    pool = DevicePool(4 * ALIGN, "cpu:0")  # as `cuda` is `cuda:0` to the tensors on it, `cpu:0` is `cpu`
+    view = pool.adopt(torch.arange(8.0))
+    assert pool.holds(view) and pool.cost(view) == 0 and pool.adopt(view) is view and pool.copies == 1
+
+
+def test_the_compute_stream_waits_once_for_each_copy_at_its_first_read():
+    pool = DevicePool(2 * ALIGN, "cpu")
+    ring = Ring(2 * ALIGN, lambda t: (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()), pool=pool)
+
+    def put(key, value: float) -> None:
+        assert ring.put(key, torch.full((16,), value), protect=lambda k: False, distance=lambda k: 0, position=0)
+
+    put(("a", 0), 1.0)
+    put(("b", 0), 2.0)
+    assert (pool.copies, pool.waits) == (2, 0)  # copied on the side stream, read by nothing yet
+    first = ring.get(("a", 0))
+    assert ring.get(("a", 0)) is first and float(first[0]) == 1.0 and pool.waits == 1
+    ring.drop(("a", 0))
+    put(("c", 0), 3.0)  # a new copy into the freed slot: a new wait at its first read
+    assert pool.slot_of(ring.get(("c", 0))) == 0 and float(ring.get(("c", 0))[0]) == 3.0 and pool.waits == 2
 
 
 def test_views_of_a_copied_storage_share_its_slot_while_that_storage_lives():
