@@ -33,6 +33,7 @@ import torch  # noqa: E402
 
 import gpt  # noqa: E402
 from benchmarks.engine import sync, timed  # noqa: E402
+from benchmarks.host import host_rows  # noqa: E402
 from hardware.drivers import torch_checks  # noqa: E402
 from hardware.drivers.torch import TorchDriver  # noqa: E402
 from hardware.frontends.torch_export import export_program  # noqa: E402
@@ -184,6 +185,7 @@ def measure(bench: Bench, samples: int) -> list[tuple[str, str]]:
     free(device)
     fresh_s = fresh_process_s(bench)
     costs = check_costs(bench)
+    host = host_rows(device, bench.cfg["depth"], bench.repeats)
 
     node_ms = eager_s / bench.nodes * 1e3
     cfg = bench.cfg
@@ -207,6 +209,9 @@ def measure(bench: Bench, samples: int) -> list[tuple[str, str]]:
                                                      f"{fresh_s:.2f} s = {fresh_s / replay_s:.0f}x faster "
                                                      "(target >= 100x)"),
         *((f"check cost: {name}", f"{ms:.2f} ms per GB") for name, ms in costs.items()),
+        ("device time per node of the model (eager forward / nodes)", f"{node_ms * 1e3:.1f} us: a session whose host "
+                                                                      "time per node (below) exceeds it is host-bound"),
+        *host,
         ("determinism", ", ".join(f"{k}={v}" for k, v in current().to_dict().items()) +
          "".join(f"; caveat: {c}" for c in CAVEATS)),
         ("ops without a deterministic kernel", ", ".join(f"{op} ({k})" for op, k in found_ops.items()) or "none"),

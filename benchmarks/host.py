@@ -71,7 +71,7 @@ def host_rows(device: str, depth: int, repeats: int) -> list[tuple[str, str]]:
     base = per_node["node by node, no checkpoints, no checks"]
     rows = [("model", f"examples/gpt.py, {depth} layers, width {TINY['width']}, {TINY['tokens']} tokens: "
                       f"{nodes} nodes, device {device}")]
-    rows += [(f"host time per node: {name}", f"{us:.1f} us" + (f" (+{us - base:.1f} us over node by node)"
+    rows += [(f"host time per node: {name}", f"{us:.1f} us" + (f" ({us - base:+.1f} us over node by node)"
                                                                if name in CONFIGS else ""))
              for name, us in per_node.items()]
     return rows

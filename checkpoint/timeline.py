@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import bisect
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, NewType
 
@@ -129,10 +128,24 @@ class Timeline:
         # nodes read these rather than their retained copies, so computing never waits for a checkpoint copy.
         self._frontier_values: dict[VersionKey, Any] = {}
         self.patches: dict[int, Patch] = {}  # node index -> how this branch runs it instead
-        self.seconds: dict[int, float] = {}  # tick -> how long its node ran when it was executed
+        self._seconds: dict[int, float] = {}
+        self._marks: dict[int, tuple[Any, Any]] = {}  # tick -> the driver's marks around its node, not yet read
         self._branches: list[Branch] = []
 
     # -- time --------------------------------------------------------------------------
+    @property
+    def seconds(self) -> dict[int, float]:
+        """tick -> how long its node ran on the chip when it was executed (the marks are read when asked)."""
+        for tick, (start, end) in self._marks.items():
+            self._seconds[tick] = self.driver.seconds_between(start, end)
+        self._marks.clear()
+        return self._seconds
+
+    @seconds.setter
+    def seconds(self, seconds: dict[int, float]) -> None:
+        self._marks.clear()
+        self._seconds = seconds
+
     @property
     def end(self) -> int:
         return len(self.schedule)
@@ -367,9 +380,9 @@ class Timeline:
                 return
             node = self.program.nodes[step.node]
             inputs: list[Any] = []
-            started = time.perf_counter()
+            started = self.driver.mark()
             outputs = self._run_node(node, tick, lambda k: _keep(inputs, self.value_version(*k)))
-            self.seconds[tick] = time.perf_counter() - started
+            self._marks[tick] = (started, self.driver.mark())
             input_storages = {self.driver.storage_key(t) for t in inputs if hasattr(t, "untyped_storage")}
             for name, tensor in zip(node.outputs, outputs):
                 view = self.driver.storage_key(tensor) in input_storages

@@ -8,6 +8,7 @@ outputs live, check them on the device, and read/write bytes.
 from __future__ import annotations
 
 import math
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -155,6 +156,16 @@ class Driver(ABC):
 
     def forget(self, nodes: list[int]) -> None:
         """The Timeline forgot these nodes' runs (an edit rewrites their future): drop what was kept of them."""
+
+    # -- how long a node ran ---------------------------------------------------------------------------
+    def mark(self) -> Any:
+        """A point in the chip's time, taken before and after a node runs (`seconds_between`). The host's clock
+        here; a chip that runs asynchronously marks its own queue, so the span is the node's, not its launch's."""
+        return time.perf_counter()
+
+    def seconds_between(self, start: Any, end: Any) -> float:
+        """Seconds from mark `start` to mark `end` (waiting for `end` to be reached, on an asynchronous chip)."""
+        return end - start
 
     # -- a GPU: checks read back in batches, a device-side checkpoint pool, the caching allocator -----
     def check(self, tensor: Any) -> Any:

@@ -108,3 +108,19 @@ def _shards_hold_their_elements(session, placement, value) -> None:
             assert np.array_equal(got, matrix[r, c0:c1]), (placement.value, shard.unit, r)
         covered[r0:r1, c0:c1] = True
     assert covered.all(), placement.value
+
+
+def test_factory_ops_run_on_the_drivers_device_not_the_one_the_program_was_exported_on():
+    """torch.export records `device=cpu` on the mask's `ones`: on another device (here `meta`, which any
+    machine has) the driver makes it there, so masked_fill meets its mask on one device."""
+    from hardware.drivers.torch import TorchDriver
+    from tests.conftest import program
+
+    prog = program(str(EXAMPLES / "gpt.py"))
+    assert any(n.kwargs.get("device") == torch.device("cpu") for n in prog.nodes)
+    driver = TorchDriver(torch.device("meta"))
+    env = dict(driver.load(prog))
+    for node in prog.nodes:
+        args, kwargs = node.bind(env.__getitem__)
+        env.update(zip(node.outputs, driver.execute(node, args, kwargs)))
+    assert {t.device.type for t in env.values()} == {"meta"}

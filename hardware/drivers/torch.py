@@ -121,6 +121,11 @@ class TorchDriver(Driver):
     def _execute(self, node: Node, args: tuple, kwargs: dict) -> list[Any]:
         if self.compute is not None:
             return self._run_widened(node, args, kwargs, self.compute)
+        return self._call(node, args, kwargs)
+
+    def _call(self, node: Node, args: tuple, kwargs: dict) -> list[Any]:
+        if "device" in kwargs:  # a factory op (a mask's `ones`) names the device it ran on at export: run it here
+            kwargs = {**kwargs, "device": self.device}
         with torch.no_grad():
             return _outputs(node, node.target(*args, **kwargs))
 
@@ -135,9 +140,7 @@ class TorchDriver(Driver):
 
     def _run_widened(self, node: Node, args: tuple, kwargs: dict, dtype: torch.dtype) -> list[Any]:
         args, kwargs = _widen((args, kwargs), dtype)
-        with torch.no_grad():
-            outputs = _outputs(node, node.target(*args, **kwargs))
-        return [_widen(t, dtype) for t in outputs]  # int / int divides into the default dtype
+        return [_widen(t, dtype) for t in self._call(node, args, kwargs)]  # int / int divides into the default dtype
 
     def cast(self, tensor: torch.Tensor, dtype: str) -> torch.Tensor:
         return tensor.to(getattr(torch, dtype))
@@ -176,6 +179,20 @@ class TorchDriver(Driver):
         """The value's Location with the allocator's segment and block (on a GPU): asked for on demand."""
         loc = self.locate_value(name, tensor)
         return (replace(loc, extra={**loc.extra, **self.allocator_info(loc.address)}),)
+
+    # -- timing --------------------------------------------------------------------------
+    def mark(self) -> Any:
+        if self.device.type != "cuda":
+            return super().mark()
+        event = torch.cuda.Event(enable_timing=True)  # read when asked: no host sync per node
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def seconds_between(self, start: Any, end: Any) -> float:
+        if not isinstance(start, torch.cuda.Event):
+            return super().seconds_between(start, end)
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
 
     # -- on-device checks ----------------------------------------------------------------
     def inspect(self, tensor: torch.Tensor) -> WriteStats:

@@ -1,9 +1,9 @@
 """The torch driver's on-device checks of a write: digest, NaN/Inf, min/max/mean.
 
 Three reductions on the device (digest, min/max, sum) make a `Check`: the digest's word sum and
-[min, max, sum] in the sum's dtype. Five kernels a write, whatever its dtype: on a GPU each is a
-launch the host pays for, so `pack` makes no other. `TorchReadback` carries a batch of them to
-the host in one asynchronous copy per column; `inspect` is a batch of one read back at once. Both
+[min, max, sum] in the sum's dtype. Four or five kernels a write: on a GPU each is a launch the
+host pays for, so `pack` makes no other. `TorchReadback` carries a batch of them to the host in
+one asynchronous copy per column; `inspect` is a batch of one read back at once. Both
 take the same path: NaN and Inf show in the row (min/max propagate a NaN, an Inf is an extreme), and
 only a row that shows one (or an overflowed sum) is looked at closer, from its tensor, to count them
 and take the stats of the finite elements. So the check that runs on every write costs three passes
@@ -102,23 +102,20 @@ def inspect(tensor: torch.Tensor) -> WriteStats:
 
 
 class TorchReadback(ChecksReadback):
-    """A batch of Checks on its way to the host. On a CUDA device each column is stacked (one kernel) and copied
-    into pinned memory, ordered by an event; on the CPU the Checks are host memory already."""
+    """A batch of Checks on its way to the host: each column stacked (one kernel each), and on a CUDA device
+    copied into pinned memory, ordered by an event on the stream of the checks' device."""
 
     def __init__(self, checks: list[Check | None], tensors: list[Any]):
         self._checks, self._tensors = checks, tensors
-        self._packed = [c for c in checks if c is not None]
-        self._columns: list[torch.Tensor] | None = None
+        packed = [c for c in checks if c is not None]
+        # stack promotes: a batch mixing float32 and float64 rows reads back as float64
+        self._columns = [torch.stack(column) for column in zip(*packed)]
         self._event = None
-        if self._packed and self._packed[0].words.is_cuda:
-            self._columns = []
-            for column in zip(*self._packed):  # stack promotes: float32 and float64 rows read back as float64
-                on_device = torch.stack(column)
-                host = torch.empty(on_device.shape, dtype=on_device.dtype, pin_memory=True)
-                host.copy_(on_device, non_blocking=True)  # the allocator frees `on_device` in stream order
-                self._columns.append(host)
+        if self._columns and self._columns[0].is_cuda:
+            device = self._columns[0].device
+            self._columns = [_to_pinned(column) for column in self._columns]
             self._event = torch.cuda.Event()
-            self._event.record()
+            self._event.record(torch.cuda.current_stream(device))  # `cuda:1` is not the current device's stream
 
     def ready(self) -> bool:
         return self._event is None or self._event.query()
@@ -126,7 +123,12 @@ class TorchReadback(ChecksReadback):
     def stats(self) -> list[WriteStats]:
         if self._event is not None:
             self._event.synchronize()
-        rows = iter(zip(*(column.tolist() for column in self._columns)) if self._columns is not None else
-                    ((int(c.words), c.extremes_sum.tolist()) for c in self._packed))
+        rows = zip(*(column.tolist() for column in self._columns))
         return [WriteStats.empty() if check is None else stats(*next(rows), tensor)
                 for check, tensor in zip(self._checks, self._tensors)]
+
+
+def _to_pinned(column: torch.Tensor) -> torch.Tensor:
+    host = torch.empty(column.shape, dtype=column.dtype, pin_memory=True)
+    host.copy_(column, non_blocking=True)  # the allocator frees `column` in stream order, after the copy
+    return host

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any, Iterator
 
 import torch
+from torch.utils._pytree import tree_map_only
 
 from checkpoint.trace import TraceReader
 from hardware.driver import Chip, Driver, MemorySpace, Unit
@@ -79,8 +80,9 @@ class TraceDriver(TorchDriver):
         return _LazyInitial(self.reader)
 
     def execute(self, node: Node, args: tuple, kwargs: dict) -> list[Any]:
-        if self.recompute is not None:
-            return self.recompute.execute(node, args, kwargs)
+        if self.recompute is not None:  # the trace's values are host tensors: the recompute device gets copies
+            args, kwargs = tree_map_only(torch.Tensor, self.recompute.from_host, (args, kwargs))
+            return [self.recompute.to_host(t) for t in self.recompute.execute(node, args, kwargs)]
         if _is_view_op(node):
             return super().execute(node, args, kwargs)
         raise RewindError(
