@@ -161,8 +161,8 @@ def measure(bench: Bench, samples: int) -> list[tuple[str, str]]:
     ample = int(intermediate * 1.1) + (64 << 20)
     tier_s, tier = bench.run_session(ample, **DEVICE_TIER)
     pool, checked = tier.tl.ring.pool, sum(1 for r in tier.tl.log if r.kind != "view")
-    copies = (f"{pool.copies} copies, {_size(pool.bytes_copied)} into the pool; {tier.tl.checks.readbacks} readbacks "
-              f"for {checked} checked writes (at once: {checked})")
+    copies = (f"{pool.copies} copies, {_size(pool.bytes_copied)} into the pool, {pool.waits} of them waited for by "
+              f"the compute stream; {tier.tl.checks.readbacks} readbacks for {checked} checked writes (at once: {checked})")
     del pool  # the pool's buffer goes with the session
     nondet = tier.tl.replay_check(int(tier.end * 0.75))
     found_ops = dict(tier.tl.driver.watch.found) if tier.tl.driver.watch else {}

@@ -213,7 +213,16 @@ class Timeline:
 
     # -- values ----------------------------------------------------------------------------
     def value(self, name: str, position: int | None = None) -> Any:
-        """The tensor `name` holds when `position` steps have run (materialised if evicted)."""
+        """The tensor `name` holds when `position` steps have run (materialised if evicted). One that lives in the
+        checkpoint pool comes back as a copy: the pool gives its slot to another version once the ring lets it
+        go, which must not change a tensor the reader still holds."""
+        tensor = self.resident(name, position)
+        pool = self.ring.pool
+        return self.driver.clone(tensor) if pool is not None and pool.holds(tensor) else tensor
+
+    def resident(self, name: str, position: int | None = None) -> Any:
+        """The tensor the engine holds for `name` at `position`, a pool slot included: for asking where it lives,
+        not for keeping (`value` is for that)."""
         pos = self.position if position is None else position
         version = self.version_at(name, pos)
         if version is None:

@@ -148,7 +148,7 @@ class Inspection:
             loc = rec.location if rec is not None else recorded(name)
             if loc is not None:
                 return Placement(name, (loc,))
-        tensor = tl.physical.get(name) if name in tl.physical else tl.value(name)
+        tensor = tl.physical.get(name) if name in tl.physical else tl.resident(name)
         tiles = self._instructions.placement(name) if self._instructions is not None else []
         return Placement(name, tuple(tl.driver.placement(name, tensor)) + tuple(tiles))
 

@@ -114,3 +114,19 @@ def test_an_evicting_pool_spills_through_staging_into_lz4_and_steps_back_exactly
     assert "host (lz4)" in tiers
     pooled.tiers.close()  # lands every staged version in the host tier
     assert pooled.tiers.in_flight == 0 and pooled.tiers.below.raw > pooled.tiers.below.used > 0
+
+
+def test_a_value_read_from_the_pool_keeps_its_elements_after_the_ring_reuses_its_slot():
+    """The pool hands a slot to another version once the ring lets go of it; a tensor a reader holds (a
+    variables page, one side of a comparison) must not change under it."""
+    reference, pooled = _timeline(64 << 20, False), _timeline(32 << 10, True)
+    for tl in (reference, pooled):
+        tl.seek(tl.end)
+    held = {tick: _live_values(reference, tick) for tick in (50, 12, 33)}
+    read = {}
+    for tick in held:
+        pooled.seek(tick)
+        read[tick] = {name: pooled.value(name) for name in pooled.live()}  # held without a copy of their own
+    assert pooled.ring.evictions > 0 and pooled.ring.pool.copies > len(pooled.ring.keys())
+    for tick, values in held.items():
+        assert all(torch.equal(values[n], read[tick][n]) for n in values), tick
