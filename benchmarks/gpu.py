@@ -32,7 +32,7 @@ _, CAVEATS = make_deterministic()  # before CUDA starts: cuBLAS reads its worksp
 import torch  # noqa: E402
 
 import gpt  # noqa: E402
-from benchmarks.engine import sync, timed  # noqa: E402
+from benchmarks.engine import timed  # noqa: E402
 from benchmarks.host import host_rows  # noqa: E402
 from hardware.drivers import torch_checks  # noqa: E402
 from hardware.drivers.torch import TorchDriver  # noqa: E402
@@ -95,7 +95,7 @@ class Bench:
         times, s = [], None
         for _ in range(repeats or self.repeats):
             s = None
-            free(self.device)
+            gc.collect()  # the last session goes, its blocks stay cached: each repeat runs warm, as eager does
             s = self.session(budget, host, **options)
             times.append(timed(s.run, self.device))
         return statistics.median(times), s

@@ -27,7 +27,7 @@ def dtype_of(name: str) -> torch.dtype:
 
 def encode_tensor(tensor: torch.Tensor, compress: bool = True) -> dict:
     t = tensor.detach().contiguous().cpu()
-    raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""  # a 0-d tensor has no byte view
     if len(raw) > MAX_TENSOR_BYTES:
         raise RewindError(f"tensor of {len(raw)} bytes is over the {MAX_TENSOR_BYTES}-byte frame limit")
     data = lz4.block.compress(raw, store_size=False) if compress and raw else raw

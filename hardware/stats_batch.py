@@ -49,6 +49,9 @@ class WriteChecks:
 
     def _send(self) -> None:
         if self._open:
+            # a run that asks for no stats (no exception filters) lands the batches here, or they would keep every
+            # write's tensor to its end: on a GPU, the outputs the pool copied would never go back to the allocator
+            self.poll()
             writes, self._open = self._open, []
             self._sent.append((self.driver.read_checks([w.check for w in writes], [w.tensor for w in writes]), writes))
             self.readbacks += 1

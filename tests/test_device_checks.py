@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from checkpoint.timeline import Timeline
 from hardware.drivers.torch import TorchDriver
@@ -78,6 +79,16 @@ def test_batching_reads_the_checks_back_once_per_batch():
     assert batched.checks.readbacks == math.ceil(checked / 8) < checked
 
 
+def test_a_run_that_asks_for_no_stats_lets_go_of_each_batch_that_landed():
+    """Without exception filters nothing asks for a write's stats during a run: a batch that has landed when the
+    next one is sent fills its rows and lets go of the tensors it held, so on a GPU the outputs the pool copied go
+    back to the allocator during the run rather than after it."""
+    tl = _timeline(EXAMPLES / "gpt.py", 4)
+    tl.seek(tl.end)
+    held = [row for row in range(len(tl.log)) if tl.checks.holds(row)]
+    assert tl.checks.readbacks > 2 and 0 < len(held) <= 2 * 4  # the last batch sent and the one still open
+
+
 def test_a_rewritten_future_drops_the_checks_still_on_their_way():
     edited = []
     for batch in (None, 4):
@@ -90,6 +101,17 @@ def test_a_rewritten_future_drops_the_checks_still_on_their_way():
             assert tl.checks.holds()
         edited.append(_stats(tl))
     assert edited[0] == edited[1]
+
+
+def test_a_write_holding_nan_and_inf_is_described_by_its_finite_elements():
+    driver = TorchDriver.from_spec("torch:cpu")
+    x = torch.tensor([2.0, math.nan, -math.inf, -1.5, math.inf, math.nan, 4.0])
+    finite = x[torch.isfinite(x)]
+    got = driver.inspect(x)
+    assert (got.nan, got.inf) == (2, 2)
+    assert (got.min, got.max, got.mean) == (float(finite.min()), float(finite.max()), float(finite.mean()))
+    none_finite = driver.inspect(torch.tensor([math.inf, math.nan, -math.inf]))
+    assert (none_finite.nan, none_finite.inf) == (1, 2) and all(map(math.isnan, (none_finite.min, none_finite.mean)))
 
 
 def test_a_batch_of_no_writes_is_refused():

@@ -49,6 +49,16 @@ def test_opened_trace_answers_like_the_live_session(saved):
             assert trace.frames() == live.frames()
 
 
+def test_a_scalar_value_is_recorded_and_read_back(tmp_path):
+    path = tmp_path / "scalar.rwtrace"
+    live = open_session(MODELS / "bf16_double.py", record=str(path))  # its output is a 0-d sum
+    live.run()
+    live.close()
+    trace = open_trace(path)
+    trace.goto(trace.end)
+    assert trace.tensor("sum_1").shape == () and torch.equal(trace.tensor("sum_1"), live.tensor("sum_1"))
+
+
 def test_breakpoints_and_reverse_execution_work_from_the_trace(saved):
     live, path, _ = saved
     trace = open_trace(path)

@@ -83,16 +83,18 @@ def stats(words: int, extremes_sum: list[float], tensor: torch.Tensor) -> WriteS
     x = _elements(tensor.reshape(-1))
     if math.isfinite(lo) and math.isfinite(hi):  # the sum overflowed its accumulator: redo it wide
         return WriteStats(digest_, 0, 0, lo, hi, float(x.sum(dtype=torch.float64)) / x.numel())
-    # Count, then take the stats of the finite elements without compacting them (boolean indexing copies and
-    # costs several times these passes).
-    nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
-    finite = x.numel() - nan - inf
-    if not finite:
-        return WriteStats(digest_, nan, inf, math.nan, math.nan, math.nan)
+    # Count, and take the stats of the finite elements without compacting them (boolean indexing copies and
+    # costs several times these passes), all read back at once: on a GPU each read is a host sync in the middle of
+    # a run, and a masked attention writes an Inf in every layer.
     f_lo = torch.nan_to_num(x, nan=math.inf, posinf=math.inf, neginf=math.inf).amin()
     f_hi = torch.nan_to_num(x, nan=-math.inf, posinf=-math.inf, neginf=-math.inf).amax()
     f_total = torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0).sum(dtype=torch.float64)
-    f_lo, f_hi, f_total = torch.stack([f_lo.double(), f_hi.double(), f_total]).tolist()
+    nan, inf, f_lo, f_hi, f_total = torch.stack([torch.isnan(x).sum().double(), torch.isinf(x).sum().double(),
+                                                 f_lo.double(), f_hi.double(), f_total]).tolist()
+    nan, inf = int(nan), int(inf)
+    finite = x.numel() - nan - inf
+    if not finite:
+        return WriteStats(digest_, nan, inf, math.nan, math.nan, math.nan)
     return WriteStats(digest_, nan, inf, f_lo, f_hi, f_total / finite)
 
 
