@@ -5,12 +5,15 @@
 
 Two configurations of the checkpoint ring run on either device: the device tier (a preallocated pool,
 copies on a side stream, checks read back 64 writes at a time) and by reference with each write's
-checks read back at once (the CPU's defaults). Prints a markdown table and writes it to --out.
+checks read back at once (the CPU's defaults). Prints a markdown table row by row as it measures and
+keeps --out up to date, so a run cut short still leaves its rows; a measurement that fails becomes a
+FAILED row naming the error and the others still run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import gc
 import os
@@ -20,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,88 +152,115 @@ def check_costs(bench: Bench) -> dict[str, float]:
     }
 
 
-def measure(bench: Bench, samples: int) -> list[tuple[str, str]]:
-    device = bench.device
-    bench.eager()
-    eager_s = median_time(bench.eager, device, bench.repeats * 2)
-    interp_s = median_time(bench.node_by_node, device, bench.repeats)
+class Report:
+    """The table, printed and saved row by row as it is measured: a run cut short still shows what it got. A stage
+    that fails becomes a row naming its error (its traceback goes to stderr) and the stages after it still run."""
 
-    probe = bench.session(1 << 40, **BY_REFERENCE)
-    probe.run()
-    intermediate = probe.tl.ring.used
-    del probe
-    ample = int(intermediate * 1.1) + (64 << 20)
-    tier_s, tier = bench.run_session(ample, **DEVICE_TIER)
-    pool, checked = tier.tl.ring.pool, sum(1 for r in tier.tl.log if r.kind != "view")
-    copies = (f"{pool.copies} copies, {_size(pool.bytes_copied)} into the pool, {pool.waits} of them waited for by "
-              f"the compute stream; {tier.tl.checks.readbacks} readbacks for {checked} checked writes (at once: {checked})")
-    del pool  # the pool's buffer goes with the session
-    nondet = tier.tl.replay_check(int(tier.end * 0.75))
-    found_ops = dict(tier.tl.driver.watch.found) if tier.tl.driver.watch else {}
-    del tier
-    ref_s = bench.run_session(ample, **BY_REFERENCE)[0]
+    def __init__(self, device: str, out: str | None):
+        self.out = Path(out) if out else None
+        name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else \
+            f"{platform.machine()} CPU, {os.cpu_count()} cores"
+        self.lines = [f"GPU benchmark (benchmarks/gpu.py), {datetime.date.today().isoformat()}, device {device}: "
+                      f"{name}, torch {torch.__version__}", "", "| measure | figure |", "|---|---|"]
+        print("\n".join(self.lines), flush=True)
+        self._save()
 
-    quarter = intermediate // 4
-    evict_s, evicting = bench.run_session(quarter, host=2 * intermediate, repeats=2, **DEVICE_TIER)  # lz4 is slow
-    evictions, staged = evicting.tl.ring.evictions, evicting.tl.tiers.staged
-    p50, p95 = step_back_ms(bench, evicting, samples)
-    evicting.close()
-    del evicting
+    def row(self, name: str, figure: str) -> None:
+        self.add(f"| {name} | {figure} |")
 
-    free(device)
-    s = bench.session(ample, **DEVICE_TIER)
-    s.run()
-    at = int(s.end * 0.75)
-    replay_s = median_time(lambda: s.tl.reexecute_from(at), device, bench.repeats)
-    del s
-    free(device)
-    fresh_s = fresh_process_s(bench)
-    costs = check_costs(bench)
-    host = host_rows(device, bench.cfg["depth"], bench.repeats)
+    def add(self, line: str) -> None:
+        self.lines.append(line)
+        print(line, flush=True)
+        self._save()
 
-    node_ms = eager_s / bench.nodes * 1e3
-    cfg = bench.cfg
-    return [
-        ("model", f"examples/gpt.py: {cfg['depth']} layers, width {cfg['width']}, {cfg['heads']} heads, batch "
-                  f"{cfg['batch']} x {cfg['tokens']} tokens, float32; {bench.nodes} nodes, "
-                  f"{_size(intermediate)} of intermediates"),
-        ("export (one-time)", f"{bench.export_s:.2f} s"),
-        ("eager forward", f"{eager_s * 1e3:.1f} ms"),
-        ("node by node, no checkpoints, no checks", f"{interp_s * 1e3:.1f} ms = {interp_s / eager_s:.2f}x eager"),
-        ("continuous checkpointing, device tier", f"{tier_s * 1e3:.1f} ms = {tier_s / eager_s:.2f}x eager "
-                                                  "(target <= 1.10x)"),
-        ("continuous checkpointing, by reference, checks at once", f"{ref_s * 1e3:.1f} ms = {ref_s / eager_s:.2f}x "
-                                                                    f"eager ({ref_s / tier_s:.2f}x the device tier)"),
-        ("device tier: copies, host syncs for checks", copies),
-        ("budget 25% of intermediates (evicts, spills to pinned host + lz4)",
-         f"{evict_s * 1e3:.1f} ms = {evict_s / eager_s:.2f}x eager; {evictions} evictions, {staged} spilled"),
-        ("step back at random ticks, 25% budget", f"p50 {p50:.2f} ms, p95 {p95:.2f} ms ({p95 / node_ms:.1f} mean node "
-                                                  "times) (target p95 <= 5 ms)"),
-        ("restore at 75% + replay the last quarter", f"{replay_s * 1e3:.1f} ms vs fresh process export + run "
-                                                     f"{fresh_s:.2f} s = {fresh_s / replay_s:.0f}x faster "
-                                                     "(target >= 100x)"),
-        *((f"check cost: {name}", f"{ms:.2f} ms per GB") for name, ms in costs.items()),
-        ("device time per node of the model (eager forward / nodes)", f"{node_ms * 1e3:.1f} us: a session whose host "
-                                                                      "time per node (below) exceeds it is host-bound"),
-        *host,
-        ("determinism", ", ".join(f"{k}={v}" for k, v in current().to_dict().items()) +
-         "".join(f"; caveat: {c}" for c in CAVEATS)),
-        ("ops without a deterministic kernel", ", ".join(f"{op} ({k})" for op, k in found_ops.items()) or "none"),
-        ("replay digest check, last quarter", f"{len(nondet)} mismatches" +
-         (f" (first: {nondet[0]})" if nondet else "")),
-    ]
+    @contextlib.contextmanager
+    def stage(self, name: str):
+        try:
+            yield
+        except Exception as exc:  # one failed measurement must not cost the others (a GPU run is one shot)
+            traceback.print_exc()
+            self.row(name, f"FAILED: {type(exc).__name__}: {exc}")
+
+    def _save(self) -> None:
+        if self.out is not None:
+            self.out.write_text("\n".join(self.lines) + "\n")
+
+
+def measure(bench: Bench, samples: int, report: Report) -> None:
+    device, cfg, row = bench.device, bench.cfg, report.row
+    with report.stage("eager forward"):
+        bench.eager()
+        eager_s = median_time(bench.eager, device, bench.repeats * 2)
+        node_ms = eager_s / bench.nodes * 1e3
+        row("export (one-time)", f"{bench.export_s:.2f} s")
+        row("eager forward", f"{eager_s * 1e3:.1f} ms ({node_ms * 1e3:.1f} us of device time per node: a session whose "
+                             "host time per node, at the end of this table, exceeds it is host-bound)")
+    with report.stage("node by node, no checkpoints, no checks"):
+        interp_s = median_time(bench.node_by_node, device, bench.repeats)
+        row("node by node, no checkpoints, no checks", f"{interp_s * 1e3:.1f} ms = {interp_s / eager_s:.2f}x eager")
+    with report.stage("model"):
+        probe = bench.session(1 << 40, **BY_REFERENCE)
+        probe.run()
+        intermediate = probe.tl.ring.used
+        del probe
+        ample = int(intermediate * 1.1) + (64 << 20)
+        row("model", f"examples/gpt.py: {cfg['depth']} layers, width {cfg['width']}, {cfg['heads']} heads, batch "
+                     f"{cfg['batch']} x {cfg['tokens']} tokens, float32; {bench.nodes} nodes, "
+                     f"{_size(intermediate)} of intermediates")
+    with report.stage("continuous checkpointing, device tier"):
+        tier_s, tier = bench.run_session(ample, **DEVICE_TIER)
+        row("continuous checkpointing, device tier", f"{tier_s * 1e3:.1f} ms = {tier_s / eager_s:.2f}x eager "
+                                                     "(target <= 1.10x)")
+        pool, checked = tier.tl.ring.pool, sum(1 for r in tier.tl.log if r.kind != "view")
+        row("device tier: copies, host syncs for checks",
+            f"{pool.copies} copies, {_size(pool.bytes_copied)} into the pool, {pool.waits} of them waited for by the "
+            f"compute stream; {tier.tl.checks.readbacks} readbacks for {checked} checked writes (at once: {checked})")
+        del pool  # the pool's buffer goes with the session
+        nondet = tier.tl.replay_check(int(tier.end * 0.75))
+        found_ops = dict(tier.tl.driver.watch.found) if tier.tl.driver.watch else {}
+        del tier
+        row("ops without a deterministic kernel", ", ".join(f"{op} ({k})" for op, k in found_ops.items()) or "none")
+        row("replay digest check, last quarter", f"{len(nondet)} mismatches" +
+            (f" (first: {nondet[0]})" if nondet else ""))
+    with report.stage("continuous checkpointing, by reference, checks at once"):
+        ref_s = bench.run_session(ample, **BY_REFERENCE)[0]
+        row("continuous checkpointing, by reference, checks at once",
+            f"{ref_s * 1e3:.1f} ms = {ref_s / eager_s:.2f}x eager ({ref_s / tier_s:.2f}x the device tier)")
+    with report.stage("budget 25% of intermediates"):
+        evict_s, evicting = bench.run_session(intermediate // 4, host=2 * intermediate, repeats=2, **DEVICE_TIER)
+        row("budget 25% of intermediates (evicts, spills to pinned host + lz4)",
+            f"{evict_s * 1e3:.1f} ms = {evict_s / eager_s:.2f}x eager; {evicting.tl.ring.evictions} evictions, "
+            f"{evicting.tl.tiers.staged} spilled")
+        p50, p95 = step_back_ms(bench, evicting, samples)
+        row("step back at random ticks, 25% budget", f"p50 {p50:.2f} ms, p95 {p95:.2f} ms ({p95 / node_ms:.1f} mean "
+                                                     "node times) (target p95 <= 5 ms)")
+        evicting.close()
+        del evicting
+    with report.stage("restore at 75% + replay the last quarter"):
+        free(device)
+        s = bench.session(ample, **DEVICE_TIER)
+        s.run()
+        at = int(s.end * 0.75)
+        replay_s = median_time(lambda: s.tl.reexecute_from(at), device, bench.repeats)
+        del s
+        free(device)
+        fresh_s = fresh_process_s(bench)
+        row("restore at 75% + replay the last quarter", f"{replay_s * 1e3:.1f} ms vs fresh process export + run "
+                                                        f"{fresh_s:.2f} s = {fresh_s / replay_s:.0f}x faster "
+                                                        "(target >= 100x)")
+    with report.stage("check cost"):
+        for name, ms in check_costs(bench).items():
+            row(f"check cost: {name}", f"{ms:.2f} ms per GB")
+    with report.stage("determinism"):
+        row("determinism", ", ".join(f"{k}={v}" for k, v in current().to_dict().items()) +
+            "".join(f"; caveat: {c}" for c in CAVEATS))
+    with report.stage("host time per node"):
+        for name, figure in host_rows(device, cfg["depth"], bench.repeats):
+            row(name, figure)
 
 
 def _size(nbytes: int) -> str:
     return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
-
-
-def table(rows: list[tuple[str, str]], device: str) -> str:
-    name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else \
-        f"{platform.machine()} CPU, {os.cpu_count()} cores"
-    head = [f"GPU benchmark (benchmarks/gpu.py), {datetime.date.today().isoformat()}, device {device}: {name}, "
-            f"torch {torch.__version__}", "", "| measure | figure |", "|---|---|"]
-    return "\n".join(head + [f"| {k} | {v} |" for k, v in rows]) + "\n"
 
 
 def main() -> None:
@@ -243,11 +274,10 @@ def main() -> None:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         sys.exit("no CUDA device here: run with --device cpu --small to check the script on a CPU")
     started = time.perf_counter()
-    text = table(measure(Bench(args), args.samples), args.device)
-    text += f"\n(whole benchmark: {time.perf_counter() - started:.0f} s)\n"
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    report = Report(args.device, args.out)
+    with report.stage("setting up (export, load)"):
+        measure(Bench(args), args.samples, report)
+    report.add(f"\n(whole benchmark: {time.perf_counter() - started:.0f} s)")
 
 
 if __name__ == "__main__":

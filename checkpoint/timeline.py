@@ -113,6 +113,8 @@ class Timeline:
         self.checks = WriteChecks(self.driver, self.log, batch) if batch != 1 else None  # 1: each at once
         pooled = self.driver.pools_checkpoints if self.device_pool is None else self.device_pool
         pool = self.driver.checkpoint_pool(self.budget) if pooled else None
+        if pool is not None:
+            self.budget = min(self.budget, pool.capacity)  # the driver may give less than asked (free memory)
         if self.tiers is not None and (pool is not None or self.driver.pools_checkpoints):
             self.tiers = PinnedSpill(self.tiers, self.driver.from_host, pool.stream if pool is not None else None)
         free = {self.driver.storage_key(t) for t in self.physical.values()}

@@ -130,3 +130,13 @@ def test_a_value_read_from_the_pool_keeps_its_elements_after_the_ring_reuses_its
     assert pooled.ring.evictions > 0 and pooled.ring.pool.copies > len(pooled.ring.keys())
     for tick, values in held.items():
         assert all(torch.equal(values[n], read[tick][n]) for n in values), tick
+
+
+def test_a_budget_larger_than_the_free_memory_gets_the_pool_that_fits_and_says_so():
+    driver, said = TorchDriver.from_spec("torch:cpu"), []
+    driver.on_report = said.append
+    tl = Timeline(program(GPT), driver, budget=1 << 50, device_pool=True)  # a petabyte
+    assert tl.ring.pool.capacity == tl.ring.budget == tl.budget < 1 << 50
+    assert any("does not fit" in s and "device pool holds" in s for s in said)
+    tl.seek(tl.end)
+    assert tl.ring.used <= tl.budget

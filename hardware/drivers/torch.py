@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import sys
 from dataclasses import replace
 from typing import Any
@@ -205,6 +206,14 @@ class TorchDriver(Driver):
         return torch_checks.TorchReadback(checks, tensors)
 
     def checkpoint_pool(self, capacity: int) -> DevicePool:
+        """A pool of `capacity` bytes, or of the part of the device's free memory a pool may take when that is
+        less (a budget sized for one machine must not fail a launch on a smaller one)."""
+        free = _free_bytes(self.device)
+        room = capacity if free is None else int(free * POOL_SHARE_OF_FREE)
+        if capacity > room:
+            self._report(f"the checkpoint budget of {capacity / 2**30:.2f} GiB does not fit in {self.device}'s "
+                         f"{free / 2**30:.2f} GiB free: its device pool holds {room / 2**30:.2f} GiB")
+            capacity = room
         return DevicePool(capacity, self.device)
 
     # -- determinism ---------------------------------------------------------------------
@@ -234,6 +243,19 @@ class TorchDriver(Driver):
 
     def clone(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.clone()
+
+
+POOL_SHARE_OF_FREE = 0.8  # of the device's free memory; the rest is for the run's own values
+
+
+def _free_bytes(device: torch.device) -> int | None:
+    """Free memory of the device (None where the system does not say)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
 
 
 def _outputs(node: Node, result: Any) -> list[Any]:
