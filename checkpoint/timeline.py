@@ -251,7 +251,10 @@ class Timeline:
             self._scratch.clear()
 
     def _available(self, key: VersionKey) -> bool:
-        if key[1] == INITIAL or key in self._scratch or key in self._frontier_values or key in self.ring:
+        if key[1] == INITIAL or key in self._scratch or key in self._frontier_values:
+            return True
+        if key in self.ring:  # held in the scratch, so loading a sibling from a lower tier cannot evict it first
+            self._scratch[key] = self.ring.get(key)
             return True
         for source in (self.tiers, self.archive):
             tensor = source.load(key) if source is not None else None

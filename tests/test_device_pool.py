@@ -140,3 +140,25 @@ def test_a_budget_larger_than_the_free_memory_gets_the_pool_that_fits_and_says_s
     assert any("does not fit" in s and "device pool holds" in s for s in said)
     tl.seek(tl.end)
     assert tl.ring.used <= tl.budget
+
+
+def test_recomputing_a_value_keeps_an_input_found_in_the_ring_while_its_sibling_loads_from_a_lower_tier():
+    """Loading one input of a node from the host tier makes room in the ring; the other input, found there a
+    moment before, must not be the version evicted for it."""
+    tl = Timeline(program(GPT), TorchDriver.from_spec("torch:cpu"), budget=64 << 20, tiers=HostTier(64 << 20))
+    tl.seek(tl.end)
+    values = tl.program.values
+    node = next(n for n in tl.program.nodes
+                if len(ins := [i for i in n.input_names() if values[i].producer is not None]) == 2
+                and tl.node_tick[values[ins[0]].producer] != tl.node_tick[values[ins[1]].producer])
+    (a, b), out = [i for i in node.input_names() if values[i].producer is not None], node.outputs[0]
+    key_a, key_b = [(n, tl.node_tick[values[n].producer]) for n in (a, b)]
+    expected = tl.value_version(out, tl.node_tick[node.index]).clone()
+    tl.tiers.put(key_b, tl.ring.get(key_b).clone())
+    for key in tl.ring.keys():  # only `a` stays in the ring, `b` only in the host tier, the output nowhere
+        if key != key_a:
+            tl.ring.drop(key)
+    tl.ring.checkpoints = {0: tl.ring.checkpoints[0]}
+    tl._frontier_values.clear()
+    tl.ring.budget = tl.ring.used + 1  # loading `b` needs the room `a` takes
+    assert torch.equal(tl.value_version(out, tl.node_tick[node.index]), expected)
