@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import bisect
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, NewType
 
 from checkpoint.branch import ArchiveBefore, Branch, Patch
+from checkpoint.codec import dtype_of
 from checkpoint.ring import Checkpoint, Ring, VersionKey
 from checkpoint.spill import PinnedSpill
 from hardware.driver import Driver, WriteStats
@@ -26,6 +28,8 @@ from provenance.writelog import KIND_BUFFER, KIND_EDIT, KIND_NODE, KIND_VIEW, Wr
 
 Tick = NewType("Tick", int)
 INITIAL = -1  # the version tick of inputs, parameters, constants and initial buffer contents
+RECOMPUTE_OVERHEAD_S = 3e-4  # the host's side of running a node again: binding, its checks, the digest read back
+FIRST_LOAD_RATE = 1 << 30  # bytes/s from a lower tier (lz4, a copy to the device) until a load was timed
 
 
 def _edit_dict(edit: "Edit | None") -> dict | None:
@@ -131,6 +135,9 @@ class Timeline:
         self._frontier_values: dict[VersionKey, Any] = {}
         self.patches: dict[int, Patch] = {}  # node index -> how this branch runs it instead
         self._seconds: dict[int, float] = {}
+        self._load_rate = float(FIRST_LOAD_RATE)  # bytes/s the lower tiers loaded at, lately
+        self.loaded = 0  # versions brought back from the lower tiers
+        self.recomputed = 0  # versions computed again by running their node
         self._marks: dict[int, tuple[Any, Any]] = {}  # tick -> the driver's marks around its node, not yet read
         self._branches: list[Branch] = []
 
@@ -256,12 +263,41 @@ class Timeline:
         if key in self.ring:  # held in the scratch, so loading a sibling from a lower tier cannot evict it first
             self._scratch[key] = self.ring.get(key)
             return True
+        if self.tiers is not None and self._recompute_rather_than_load(key):
+            return False
         for source in (self.tiers, self.archive):
+            started = time.perf_counter()
             tensor = source.load(key) if source is not None else None
             if tensor is not None:
+                if source is self.tiers:
+                    rate = self.driver.nbytes(tensor) / max(time.perf_counter() - started, 1e-9)
+                    self._load_rate = 0.7 * self._load_rate + 0.3 * rate
+                    self.loaded += 1
                 self._store(key, tensor)
                 return True
         return False
+
+    def _at_hand(self, key: VersionKey) -> bool:
+        return key[1] == INITIAL or key in self._scratch or key in self._frontier_values or key in self.ring
+
+    def _recompute_rather_than_load(self, key: VersionKey) -> bool:
+        """Is running the version's node again, from inputs at hand, quicker than loading it from a lower tier?
+        On a GPU a node takes microseconds where lz4 and a host-to-device copy of its output take milliseconds;
+        a big matmul on a CPU can be the other way round. Both sides are measured: the node's time when it ran,
+        the tiers' throughput when they last loaded."""
+        name, tick = key
+        step = self.schedule[tick]
+        if step.node is None or name in self.physical or self.archive is not None:
+            return False
+        marks = self._marks.pop(tick, None)
+        if marks is not None:
+            self._seconds[tick] = self.driver.seconds_between(*marks)
+        seconds = self._seconds.get(tick)
+        node = self.program.nodes[step.node]
+        if seconds is None or not all(self._at_hand((i, self.version_at(i, tick))) for i in node.input_names()):
+            return False
+        info = self.program.values[name]
+        return seconds + RECOMPUTE_OVERHEAD_S < info.numel * dtype_of(info.dtype).itemsize / self._load_rate
 
     def _get(self, key: VersionKey) -> Any:
         if key[1] == INITIAL:
@@ -301,6 +337,7 @@ class Timeline:
             return
         node = self.program.nodes[step.node]
         outputs = self._run_node(node, tick, self._get)
+        self.recomputed += 1
         self._check_digests(node, tick, outputs)
         for out_name, tensor in zip(node.outputs, outputs):
             self._store((out_name, tick), tensor)

@@ -162,3 +162,31 @@ def test_recomputing_a_value_keeps_an_input_found_in_the_ring_while_its_sibling_
     tl._frontier_values.clear()
     tl.ring.budget = tl.ring.used + 1  # loading `b` needs the room `a` takes
     assert torch.equal(tl.value_version(out, tl.node_tick[node.index]), expected)
+
+
+def _spilled_version(tl: Timeline) -> tuple[tuple[str, int], torch.Tensor]:
+    """A version only the host tier holds, whose node's inputs are all in the ring."""
+    for key in sorted(tl.ring.keys(), key=lambda k: -k[1]):
+        node = tl.node_at(key[1])
+        if node is None or key[0] in tl.physical:
+            continue
+        inputs = [(i, tl.version_at(i, key[1])) for i in node.input_names()]
+        if all(v == -1 or (i, v) in tl.ring for i, v in inputs):
+            tensor = tl.ring.get(key).clone()
+            tl.tiers.put(key, tensor)
+            tl.ring.drop(key)
+            tl._frontier_values.clear()
+            return key, tensor
+    raise AssertionError("no version with its inputs retained")
+
+
+@pytest.mark.parametrize("tier_bytes_per_s, path", [(1.0, "recomputed"), (1e18, "loaded")])
+def test_a_spilled_version_is_recomputed_or_loaded_whichever_its_measured_costs_say_is_quicker(tier_bytes_per_s,
+                                                                                                 path):
+    tl = Timeline(program(GPT), TorchDriver.from_spec("torch:cpu"), budget=64 << 20, tiers=HostTier(64 << 20))
+    tl.seek(tl.end)
+    key, expected = _spilled_version(tl)
+    tl._load_rate = tier_bytes_per_s  # as if the tier's last loads ran at this rate
+    before = {"recomputed": tl.recomputed, "loaded": tl.loaded}
+    assert torch.equal(tl.value_version(*key), expected)
+    assert {k: getattr(tl, k) - v for k, v in before.items()} == {k: int(k == path) for k in before}
