@@ -14,11 +14,18 @@ The file defaults to the user's cache directory (`$REWIND_KNOWLEDGE`, else
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 from collections import deque
 from pathlib import Path
 from typing import Iterator
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; one recording session at a time
+    fcntl = None
 
 from checkpoint.branch import AttributePatch, FunctionPatch, Patch, PrecisionPatch
 from hardware.errors import RewindError
@@ -56,10 +63,21 @@ class KnowledgeBase:
         return saved["fixes"]
 
     def save(self) -> None:
+        """Write the file whole and swap it in: a reader sees the old file or the new one, never half of one."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        staged = self.path.with_suffix(".tmp")
-        staged.write_text(json.dumps({"format": FORMAT, "fixes": self.fixes}, indent=1))
-        staged.replace(self.path)
+        with tempfile.NamedTemporaryFile("w", dir=self.path.parent, prefix=self.path.name, suffix=".tmp",
+                                         delete=False) as staged:
+            staged.write(json.dumps({"format": FORMAT, "fixes": self.fixes}, indent=1))
+        os.replace(staged.name, self.path)
+
+    @contextlib.contextmanager
+    def _exclusive(self):
+        """Hold the file's lock: two repair sessions recording at once must not drop each other's fixes."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+            if fcntl is not None:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            yield
 
     # -- suggesting ----------------------------------------------------------------------------------
     def suggest(self, finding: Finding, forensics: Forensics) -> Iterator[Candidate]:
@@ -86,16 +104,18 @@ class KnowledgeBase:
         if finding.match is None:
             raise RewindError("only a fix of a finding with a failure pattern can be recorded")
         patches = templates(candidate, finding, program)
-        entry = next((e for e in self.fixes if e["pattern"] == finding.match.pattern.name
-                      and _key(e["patches"]) == _key(patches)), None)
-        if entry is None:
-            entry = {"pattern": finding.match.pattern.name, "name": candidate.name, "origin": candidate.origin,
-                     "patches": patches, "validations": 0, "programs": [], "inputs": inputs}
-            self.fixes.append(entry)
-        entry["validations"] += 1
-        if program.name not in entry["programs"]:
-            entry["programs"].append(program.name)
-        self.save()
+        with self._exclusive():
+            self.fixes = self._load()  # with what other sessions recorded since this one read the file
+            entry = next((e for e in self.fixes if e["pattern"] == finding.match.pattern.name
+                          and _key(e["patches"]) == _key(patches)), None)
+            if entry is None:
+                entry = {"pattern": finding.match.pattern.name, "name": candidate.name, "origin": candidate.origin,
+                         "patches": patches, "validations": 0, "programs": [], "inputs": inputs}
+                self.fixes.append(entry)
+            entry["validations"] += 1
+            if program.name not in entry["programs"]:
+                entry["programs"].append(program.name)
+            self.save()
         return entry
 
 

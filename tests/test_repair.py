@@ -218,3 +218,14 @@ def test_certification_needs_the_reference_where_it_is_finite_and_no_nan_anywher
     assert not still_nan["within"] and still_nan["nonfiniteLeft"] == 1
     off = certify("y", "float32", torch.tensor([1.0, 0.0, -math.inf, 2.1]), ref, 1e-4, 0.0)
     assert not off["within"] and off["firstMismatch"] == [3]
+
+
+def test_two_sessions_recording_into_one_knowledge_base_keep_each_others_validations(tmp_path):
+    """Each session read the file before the other recorded; the second to record must not write back its
+    stale copy over the first's fix."""
+    first, second = KnowledgeBase(tmp_path / "fixes.json"), KnowledgeBase(tmp_path / "fixes.json")
+    for kb in (first, second):
+        assert repair(FORENSICS / "softmax_overflow.py", kb, [fix("stable_softmax.py")])["verdict"] == "validated"
+    (entry,) = KnowledgeBase(tmp_path / "fixes.json").fixes
+    assert entry["validations"] == 2
+    assert not list(tmp_path.glob("*.tmp"))
