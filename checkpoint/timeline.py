@@ -481,11 +481,10 @@ class Timeline:
                 self._frontier_values.pop((name, self.version_at(name, tick)), None)
 
     def _checkpoint(self, tick: int) -> None:
-        """Pin the retained versions live at `tick`, the frontier: every version recorded is older than it."""
-        ring, values, node_tick, nodes = self.ring, self.program.values, self.node_tick, len(self.program.nodes)
-        pins = frozenset(k for n, ticks in self.versions.items()  # last_use_tick inlined: this runs every few ticks
-                         if ticks and ((last := values[n].last_use) >= nodes or tick <= node_tick[last])
-                         and (k := (n, ticks[-1])) in ring)
+        """Pin the retained versions live at `tick`, the frontier: the frontier values are the versions written and
+        not yet read for the last time (an older version of an edited value is not live)."""
+        ring, versions = self.ring, self.versions
+        pins = frozenset(k for k in self._frontier_values if k in ring and versions[k[0]][-1] == k[1])
         self.ring.checkpoints[tick] = Checkpoint(tick, pins, self.ring.tier)
         if self.recorder is not None:
             self.recorder.checkpoint(tick, sorted(pins))

@@ -56,7 +56,10 @@ class WriteStats:
 
     @staticmethod
     def empty() -> "WriteStats":
-        return WriteStats(0, 0, 0, math.nan, math.nan, math.nan)
+        return _NO_STATS
+
+
+_NO_STATS = WriteStats(0, 0, 0, math.nan, math.nan, math.nan)  # frozen: one for every write without stats
 
 
 class ChecksReadback:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import time
 import sys
 from dataclasses import replace
 from typing import Any
@@ -57,6 +58,7 @@ class TorchDriver(Driver):
         on_gpu = device.type == "cuda"
         self.check_batch = 64 if on_gpu else 1  # a GPU reads its checks back in batches, asynchronously
         self.pools_checkpoints = on_gpu
+        self._queued = on_gpu  # the device runs what the host queued later: its own events time a node
         self.watch: OpWatch | None = None  # set while deterministic: reports the ops that are not
         self.caveats: list[str] = []
         if on_gpu if deterministic is None else deterministic:
@@ -183,8 +185,8 @@ class TorchDriver(Driver):
 
     # -- timing --------------------------------------------------------------------------
     def mark(self) -> Any:
-        if self.device.type != "cuda":
-            return super().mark()
+        if not self._queued:
+            return time.perf_counter()
         event = torch.cuda.Event(enable_timing=True)  # read when asked: no host sync per node
         event.record(torch.cuda.current_stream(self.device))
         return event

@@ -33,7 +33,7 @@ _WORDS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 def word_sum(flat: torch.Tensor) -> torch.Tensor:
     """The wrapping int64 sum of a 1-d tensor's bytes read as their widest words: one pass, no temporaries."""
     nbytes = flat.numel() * flat.element_size()
-    width = next(w for w in (8, 4, 2, 1) if nbytes % w == 0)
+    width = min(8, nbytes & -nbytes)  # the widest power of two dividing it
     return flat.contiguous().view(_WORDS[width]).sum(dtype=torch.int64)
 
 
