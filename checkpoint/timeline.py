@@ -240,6 +240,9 @@ class Timeline:
 
     def value_version(self, name: str, version: int) -> Any:
         key = (name, version)
+        at_frontier = self._frontier_values.get(key)
+        if at_frontier is not None:  # most reads while running: what the producer returned, still referenced
+            return at_frontier
         stack = [key]
         try:
             while stack:
