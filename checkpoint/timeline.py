@@ -145,15 +145,20 @@ class Timeline:
     @property
     def seconds(self) -> dict[int, float]:
         """tick -> how long its node ran on the chip when it was executed (the marks are read when asked)."""
-        for tick, (start, end) in self._marks.items():
-            self._seconds[tick] = self.driver.seconds_between(start, end)
-        self._marks.clear()
+        for tick in list(self._marks):
+            self._node_seconds(tick)
         return self._seconds
 
     @seconds.setter
     def seconds(self, seconds: dict[int, float]) -> None:
         self._marks.clear()
         self._seconds = seconds
+
+    def _node_seconds(self, tick: int) -> float | None:
+        marks = self._marks.pop(tick, None)
+        if marks is not None:
+            self._seconds[tick] = self.driver.seconds_between(*marks)
+        return self._seconds.get(tick)
 
     @property
     def end(self) -> int:
@@ -261,7 +266,7 @@ class Timeline:
             self._scratch.clear()
 
     def _available(self, key: VersionKey) -> bool:
-        if key[1] == INITIAL or key in self._scratch or key in self._frontier_values:
+        if self._held(key):
             return True
         if key in self.ring:  # held in the scratch, so loading a sibling from a lower tier cannot evict it first
             self._scratch[key] = self.ring.get(key)
@@ -280,8 +285,9 @@ class Timeline:
                 return True
         return False
 
-    def _at_hand(self, key: VersionKey) -> bool:
-        return key[1] == INITIAL or key in self._scratch or key in self._frontier_values or key in self.ring
+    def _held(self, key: VersionKey) -> bool:
+        """Is the version at hand without the ring: the Program's, in the scratch, or a frontier value?"""
+        return key[1] == INITIAL or key in self._scratch or key in self._frontier_values
 
     def _recompute_rather_than_load(self, key: VersionKey) -> bool:
         """Is running the version's node again, from inputs at hand, quicker than loading it from a lower tier?
@@ -292,12 +298,10 @@ class Timeline:
         step = self.schedule[tick]
         if step.node is None or name in self.physical or self.archive is not None:
             return False
-        marks = self._marks.pop(tick, None)
-        if marks is not None:
-            self._seconds[tick] = self.driver.seconds_between(*marks)
-        seconds = self._seconds.get(tick)
+        seconds = self._node_seconds(tick)
         node = self.program.nodes[step.node]
-        if seconds is None or not all(self._at_hand((i, self.version_at(i, tick))) for i in node.input_names()):
+        inputs = [(i, self.version_at(i, tick)) for i in node.input_names()]
+        if seconds is None or not all(self._held(k) or k in self.ring for k in inputs):
             return False
         info = self.program.values[name]
         return seconds + RECOMPUTE_OVERHEAD_S < info.numel * dtype_of(info.dtype).itemsize / self._load_rate
