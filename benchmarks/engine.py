@@ -40,6 +40,28 @@ def timed(fn, device: str) -> float:
     return time.perf_counter() - t
 
 
+def step_back_latencies(s: Session, samples: int, device: str) -> tuple[float, float]:
+    """p50 and p95, in ms, of one statement step back from seeded random ticks, every live value read after it."""
+    tl, rng, lat = s.tl, random.Random(0), []
+    for _ in range(samples):
+        s.goto(rng.randint(1, tl.end))
+
+        def back():
+            s.step(Direction.REVERSE, "statement")
+            for name in tl.live():
+                tl.value(name)
+
+        lat.append(timed(back, device) * 1e3)
+    lat.sort()
+    return lat[len(lat) // 2], lat[max(0, int(len(lat) * 0.95) - 1)]
+
+
+def print_rows(rows: list[tuple[str, str]]) -> None:
+    width = max(len(r[0]) for r in rows)
+    for name, text in rows:
+        print(f"{name:<{width}}  {text}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
@@ -94,22 +116,8 @@ def main() -> None:
     # Step back at random ticks under the 25% budget.
     s = session_with(quarter_mb)
     s.run()
-    tl = s.tl
-    rng = random.Random(0)
-    lat = []
-    for _ in range(args.samples):
-        tick = rng.randint(1, tl.end)
-        s.goto(tick)
-
-        def back():
-            s.step(Direction.REVERSE, "statement")
-            for name in tl.live():
-                tl.value(name)
-
-        lat.append(timed(back, device) * 1e3)
-    lat.sort()
-    p50, p95 = lat[len(lat) // 2], lat[int(len(lat) * 0.95) - 1]
-    assert tl.ring.peak <= tl.ring.budget
+    p50, p95 = step_back_latencies(s, args.samples, device)
+    assert s.tl.ring.peak <= s.tl.ring.budget
 
     # Experiment loop: restore the tick at 75% and replay to the end vs a fresh process.
     s = session_with(1 << 20)
@@ -141,9 +149,7 @@ def main() -> None:
         ("experiment loop: restore 75% + replay", f"{replay * 1e3:.1f} ms vs fresh process {fresh:.2f} s = "
                                                   f"{fresh / replay:.0f}x faster (target >= 20x)"),
     ]
-    width = max(len(r[0]) for r in rows)
-    for name, text in rows:
-        print(f"{name:<{width}}  {text}")
+    print_rows(rows)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 
 import gpt  # noqa: E402
 
+from benchmarks.engine import print_rows  # noqa: E402
 from hardware.frontends.torch_export import export_program  # noqa: E402
 from hardware.session import LaunchOptions, Session  # noqa: E402
 from provenance.ablation import ablate  # noqa: E402
@@ -111,9 +112,7 @@ def main() -> None:
         ("ratio", f"fresh process / ablation = {fresh_s / ablation_s:.1f}x; "
                   f"/ (ablation + recompute) = {fresh_s / (ablation_s + back_s):.1f}x"),
     ]
-    width = max(len(r[0]) for r in rows)
-    for name, text in rows:
-        print(f"{name:<{width}}  {text}")
+    print_rows(rows)
 
 
 def _first_node(program, block: int) -> int:

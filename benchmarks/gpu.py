@@ -18,7 +18,6 @@ import datetime
 import gc
 import os
 import platform
-import random
 import statistics
 import subprocess
 import sys
@@ -36,12 +35,12 @@ _, CAVEATS = make_deterministic()  # before CUDA starts: cuBLAS reads its worksp
 import torch  # noqa: E402
 
 import gpt  # noqa: E402
-from benchmarks.engine import timed  # noqa: E402
-from benchmarks.host import host_rows  # noqa: E402
+from benchmarks.engine import step_back_latencies, timed  # noqa: E402
+from benchmarks.host import host_rows, node_by_node  # noqa: E402
 from hardware.drivers import torch_checks  # noqa: E402
 from hardware.drivers.torch import TorchDriver  # noqa: E402
 from hardware.frontends.torch_export import export_program  # noqa: E402
-from hardware.session import Direction, LaunchOptions, Session  # noqa: E402
+from hardware.session import LaunchOptions, Session  # noqa: E402
 
 FULL = dict(vocab=1024, width=1024, heads=16, depth=12, tokens=512, batch=8)
 SMALL = dict(vocab=256, width=128, heads=4, depth=2, tokens=64, batch=2)
@@ -85,16 +84,7 @@ class Bench:
             self.model(*self.inputs)
 
     def node_by_node(self) -> None:
-        """The Program run by the driver one node at a time, each value freed after its last use: no checkpoints,
-        no checks, no write log (what a torch.fx Interpreter does)."""
-        program, driver, initial = self.program, self.driver, self.initial
-        env = dict(initial)
-        for node in program.nodes:
-            args, kwargs = node.bind(env.__getitem__)
-            env.update(zip(node.outputs, driver.execute(node, args, kwargs)))
-            for name in node.input_names():
-                if program.values[name].last_use == node.index and name not in initial:
-                    env.pop(name, None)
+        node_by_node(self.program, self.driver, self.initial)
 
     def run_session(self, budget: int, host: int = 0, repeats: int | None = None, **options) -> tuple[float, Session]:
         times, s = [], None
@@ -108,18 +98,9 @@ class Bench:
 
 def step_back(bench: Bench, s: Session, samples: int, node_ms: float) -> str:
     """p50/p95 of a statement step back from random ticks, every live value materialised; how they came back."""
-    tl, rng, lat = s.tl, random.Random(0), []
+    tl = s.tl
     recomputed, loaded = tl.recomputed, tl.loaded
-    for _ in range(samples):
-        s.goto(rng.randint(1, tl.end))
-
-        def back():
-            s.step(Direction.REVERSE, "statement")
-            for name in tl.live():
-                tl.value(name)
-        lat.append(timed(back, bench.device) * 1e3)
-    lat.sort()
-    p50, p95 = lat[len(lat) // 2], lat[max(0, int(len(lat) * 0.95) - 1)]
+    p50, p95 = step_back_latencies(s, samples, bench.device)
     return (f"p50 {p50:.2f} ms, p95 {p95:.2f} ms ({p95 / node_ms:.1f} mean node times); "
             f"{tl.recomputed - recomputed} versions recomputed, {tl.loaded - loaded} loaded from the host tier")
 
@@ -254,7 +235,7 @@ def measure(bench: Bench, samples: int, report: Report) -> None:
         s.run()
         at = int(s.end * 0.75)
         replay_s = median_time(lambda: s.tl.reexecute_from(at), device, bench.repeats)
-        del s
+        s = None  # its pool goes with it
         free(device)
         fresh_s = fresh_process_s(bench)
         row("restore at 75% + replay the last quarter", f"{replay_s * 1e3:.1f} ms vs fresh process export + run "

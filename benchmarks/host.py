@@ -36,11 +36,15 @@ CONFIGS = {  # Session launch options of each configuration
 
 
 def node_by_node(program, driver: TorchDriver, initial: dict) -> None:
-    """The driver running the Program one node at a time (a torch.fx Interpreter): no checkpoints, no checks."""
+    """The driver running the Program one node at a time, each value freed after its last use (what a torch.fx
+    Interpreter does): no checkpoints, no checks, no write log."""
     env = dict(initial)
     for node in program.nodes:
         args, kwargs = node.bind(env.__getitem__)
         env.update(zip(node.outputs, driver.execute(node, args, kwargs)))
+        for name in node.input_names():
+            if program.values[name].last_use == node.index and name not in initial:
+                env.pop(name, None)
 
 
 def host_rows(device: str, depth: int, repeats: int) -> list[tuple[str, str]]:

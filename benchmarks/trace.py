@@ -17,6 +17,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 
 import gpt  # noqa: E402
 
+from benchmarks.engine import print_rows  # noqa: E402
 from hardware.frontends.torch_export import export_program  # noqa: E402
 from hardware.session import LaunchOptions, Session  # noqa: E402
 
@@ -79,9 +80,7 @@ def main() -> None:
         ("then to a breakpoint", f"{middle * 1e3:.0f} ms (tick {stop.tick}, every live value loaded, "
                                   f"parameters included)"),
     ]
-    width = max(len(r[0]) for r in rows)
-    for name, text in rows:
-        print(f"{name:<{width}}  {text}")
+    print_rows(rows)
     path.unlink()
 
 

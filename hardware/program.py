@@ -131,8 +131,6 @@ class _Binder:
         self.nested = [(k, _Binder(v)) for k, v in items if isinstance(v, (tuple, list, dict)) and _has_ref(v)]
 
     def __call__(self, lookup: Callable[[str], Any]) -> Any:
-        if not self.refs and not self.nested:
-            return self.template.copy() if self.kind is not tuple else tuple(self.template)
         out = self.template.copy()
         for k, name in self.refs:
             out[k] = lookup(name)
