@@ -1,8 +1,11 @@
-"""DAP server benchmark: request round trips, the first page of a 256 MiB tensor, a full stepBack.
+"""DAP server benchmark: request round trips, the first page of a 256 MiB tensor, a full stepBack, and what
+the engine process costs a round trip.
 
 Everything goes through the wire: `python -m dap_server` over stdio, driven by the same client
-the console uses. Ratios are measured side by side in one run. Usage:
-    python benchmarks/dap.py [--round-trips 2000] [--steps 200]
+the console uses. Ratios are measured side by side in one run. The split of the server into a front
+and an engine process is measured against `--in-process` (the engine inside the server), alternating
+the two in rounds. Usage:
+    python benchmarks/dap.py [--round-trips 2000] [--steps 200] [--split-rounds 3]
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ BIG = ROOT / "benchmarks" / "big_tensor.py"
 TARGET_FIRST_PAGE_MS = 50.0
 
 
-def launch(program: Path, line_text: str | None = None, **options) -> DapClient:
+def launch(program: Path, line_text: str | None = None, server_args: list[str] | None = None,
+           **options) -> DapClient:
     """A server with `program` loaded, stopped at the first line containing `line_text` (or on entry)."""
-    client = DapClient.spawn()
+    client = DapClient.spawn(server_args)
     client.request("initialize", {"adapterID": "rewind"})
     mark = client.mark()
     client.request("launch", {"program": str(program), "driver": "torch:cpu", "stopOnEntry": line_text is None,
@@ -99,6 +103,27 @@ def bench_first_page(repeats: int) -> dict:
             "total": statistics.median(a + b for a, b in zip(warm_scope, warm_page))}
 
 
+def bench_split(rounds: int, n: int, steps: int) -> dict:
+    """Round trips of `stackTrace` and `stepBack` with the engine in its own process and inside the server,
+    alternating the two in each round; medians over the rounds (ms per round trip)."""
+    found: dict[str, dict[str, list[float]]] = {mode: {"stackTrace": [], "stepBack": []}
+                                                 for mode in ("process", "in-process")}
+    for _ in range(rounds):
+        for mode, args in (("process", []), ("in-process", ["--in-process"])):
+            client = launch(GPT, server_args=args)
+            try:
+                found[mode]["stackTrace"].append(1e3 / round_trips_per_second(client, "stackTrace",
+                                                                              {"threadId": 1}, n))
+                for _ in range(steps):  # forward first, so that there is somewhere to go back from
+                    motion_ms(client, "next", {"threadId": 1})
+                back = [motion_ms(client, "stepBack", {"threadId": 1})[0] for _ in range(steps)]
+                found[mode]["stepBack"].append(statistics.median(back))
+            finally:
+                client.request("disconnect")
+                client.close()
+    return {mode: {k: statistics.median(v) for k, v in kinds.items()} for mode, kinds in found.items()}
+
+
 def bench_stepping(samples: int) -> dict:
     client = launch(GPT)
     back: list[float] = []
@@ -128,7 +153,10 @@ def main() -> None:
     ap.add_argument("--round-trips", type=int, default=2000)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--page-repeats", type=int, default=11)
+    ap.add_argument("--split-rounds", type=int, default=3)
     args = ap.parse_args()
+
+    split = bench_split(args.split_rounds, args.round_trips // 4, 20)
 
     rt = bench_requests(args.round_trips)
     page = bench_first_page(args.page_repeats)
@@ -145,6 +173,10 @@ def main() -> None:
     print(f"| `stepBack` round trip, examples/gpt.py | p50 {steps['back_p50']:.1f} ms, p95 {steps['back_p95']:.1f} ms "
           f"({steps['n_back']} steps); `next` p50 {steps['next_p50']:.1f} ms, p95 {steps['next_p95']:.1f} ms "
           f"({steps['n_next']} steps): back/forward p50 ratio {steps['back_p50'] / steps['next_p50']:.2f} |")
+    for kind in ("stackTrace", "stepBack"):
+        process, inside = split["process"][kind], split["in-process"][kind]
+        print(f"| `{kind}` round trip, engine process vs in the server | {process:.3f} ms vs {inside:.3f} ms: "
+              f"the split costs {process - inside:+.3f} ms ({process / inside:.2f}x; budget +0.3 ms) |")
 
 
 if __name__ == "__main__":

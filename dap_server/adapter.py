@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from dap_server.breakpoints import DEFAULT_EXCEPTION_FILTERS
 from dap_server.events import MAIN_THREAD, SessionEvents
+from dap_server.failures import Cancelled, describe_failure
 from dap_server.frames import FRAMES_PER_THREAD
 from dap_server.variables import VariableTable
 from hardware.errors import NotStoppedError, RewindError
@@ -28,10 +29,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class Cancelled(RewindError):
-    """The client cancelled the request before it ran."""
 
 
 @dataclass
@@ -52,8 +49,10 @@ class Motion:
 
 
 class Adapter:
-    def __init__(self, emit: Callable[[str, dict | None], None]):
+    def __init__(self, emit: Callable[[str, dict | None], None],
+                 notify: Callable[[str, dict], None] = lambda kind, body: None):
         self.emit = emit  # thread-safe: queue an event for the client
+        self.notify = notify  # thread-safe: tell the front something that is not for the client (a recording's file)
         self.client = ClientCapabilities()
         self.events = SessionEvents(self)
         self.session = Session(on_event=self.events)
@@ -104,21 +103,23 @@ class Adapter:
         try:
             with self.events.progress(motion.title, cancellable=True):
                 motion.run()
-        except Exception as exc:  # the client believes the program moves: it must hear that it stopped
-            log.exception("%s failed", motion.title)
-            self.emit("output", {"category": "stderr", "output": f"{motion.title} failed: {exc}\n"})
-            self.emit("stopped", {"reason": "exception", "description": str(exc), "threadId": MAIN_THREAD,
-                                  "allThreadsStopped": True, "text": type(exc).__name__})
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # the client believes the program moves:
+            # it must hear that it stopped, even when the program's own code (a patch) asked to exit
+            text = describe_failure(motion.title.lower(), exc)
+            self.emit("output", {"category": "stderr", "output": f"{motion.title} failed: {text}\n"})
+            self.emit("stopped", {"reason": "exception", "description": text, "threadId": MAIN_THREAD,
+                                  "allThreadsStopped": True, "text": "the motion failed"})
         finally:
             self._motion_seq = None
             with self._lock:
                 self._motions_pending -= 1
 
     def pause(self) -> None:
-        """Thread-safe: stop the motion that runs or is about to (nothing to do when none is)."""
+        """Thread-safe: stop the motion that runs or is about to, and the evaluation that runs now."""
         with self._lock:
             if self._motions_pending:
                 self.session.pause()
+        self.session.interrupt()  # only an evaluation running now hears it (each one starts with it cleared)
 
     def cancel(self, request_id: int | None, progress_id: str | None) -> None:
         progress = self.events.current
@@ -127,9 +128,13 @@ class Adapter:
         if request_id is not None:
             if request_id == self._motion_seq:
                 self.pause()
-            else:
-                with self._lock:
-                    self._cancelled.add(request_id)
+                return
+            with self._lock:
+                self._cancelled.add(request_id)  # answered `cancelled` when its turn comes, if it is queued
+            queued = {item.args[0] for item in list(getattr(self.worker, "_work_queue").queue)
+                      if item is not None and getattr(item, "args", None)}
+            if request_id not in queued:  # it is the request that runs now (or is done): stop its evaluation
+                self.session.interrupt()
 
     def close(self) -> None:
         """The client is gone: stop what runs, end the Session on its worker, let the worker go."""

@@ -18,6 +18,8 @@ from hardware.jsonable import json_safe
 
 MAX_MESSAGE_BYTES = 16 * 2**20
 MAX_HEADER_BYTES = 8192
+MAX_LENGTH_DIGITS = 12  # a longer Content-Length is no size at all (Python refuses ints past 4300 digits)
+MAX_NESTING = 64  # DAP messages nest a few levels; deeper JSON is refused before anything walks it
 _HEADER_END = b"\r\n\r\n"
 _CONTENT_LENGTH = re.compile(rb"content-length[ \t]*:[ \t]*([^\r\n]*)", re.IGNORECASE)
 _HEADER_LINE = re.compile(rb"^[A-Za-z0-9-]+[ \t]*:[^\r\n]*$")
@@ -39,6 +41,11 @@ class MessageReader:
         self._body_length: int | None = None
         self._skip = 0  # bytes of an oversized body still to discard
         self._resyncing = False  # after an error, junk before the next header is expected, not reported again
+
+    @property
+    def partial(self) -> bool:
+        """A message has begun and is not complete yet."""
+        return bool(self._buffer) or self._body_length is not None or self._skip > 0
 
     def feed(self, data: bytes) -> list[dict[str, Any] | FramingError]:
         """Everything complete in the input so far, in order."""
@@ -79,7 +86,10 @@ class MessageReader:
         junk = block[: match.start()].rstrip(b"\r\n")
         value = match[1].strip()
         if not value.isdigit():
-            return self._error(f"malformed Content-Length {value.decode('latin-1')!r}: the message was discarded")
+            return self._error(f"malformed Content-Length {_preview(value)}: the message was discarded")
+        if len(value) > MAX_LENGTH_DIGITS:
+            return self._error(f"a Content-Length of {len(value)} digits is not a message size: the header was "
+                               "discarded")
         length = int(value)
         if length > self.max_bytes:
             self._skip = length
@@ -110,12 +120,17 @@ class MessageReader:
 
 
 def decode(body: bytes) -> dict[str, Any] | FramingError:
+    seq, command = _salvage(body)
     try:
+        if _nesting(body) > MAX_NESTING:
+            return FramingError(f"a message nested more than {MAX_NESTING} levels deep was refused", seq, command)
         message = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        return FramingError(f"invalid JSON in a message body ({exc}): {_preview(body)}")
+    except UnicodeDecodeError as exc:
+        return FramingError(f"a message body is not UTF-8 text (byte {exc.start}): {_preview(body)}", seq, command)
+    except ValueError as exc:
+        return FramingError(f"invalid JSON in a message body ({exc}): {_preview(body)}", seq, command)
     if not isinstance(message, dict):
-        return FramingError(f"a message must be a JSON object, got {type(message).__name__}")
+        return FramingError(f"a message must be a JSON object, got {_JSON_KIND.get(type(message), 'a value')}")
     seq, command = message.get("seq"), message.get("command")
     if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
         return FramingError(f"a message needs a positive integer 'seq', got {seq!r}",
@@ -127,14 +142,53 @@ def decode(body: bytes) -> dict[str, Any] | FramingError:
     return message
 
 
-def encode(message: dict[str, Any]) -> bytes:
-    """Frame a message. JSON has no NaN or Infinity: such floats are sent as the strings "nan", "inf", "-inf"."""
+_JSON_KIND = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+              type(None): "null"}
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKET = re.compile(rb"[\[\]{}]")
+_SEQ = re.compile(rb'"seq"\s*:\s*(\d{1,15})\b')
+_COMMAND = re.compile(rb'"command"\s*:\s*"([A-Za-z0-9_]{1,64})"')
+
+
+def _salvage(body: bytes) -> tuple[int | None, str | None]:
+    """`seq` and `command` read from the raw text of a body that may not parse, so it can still be answered."""
+    seq, command = _SEQ.search(body[:4096]), _COMMAND.search(body[:4096])
+    return (int(seq[1]) if seq and int(seq[1]) >= 1 else None), (command[1].decode() if command else None)
+
+
+def _nesting(body: bytes) -> int:
+    """The deepest bracket nesting of a JSON text, brackets inside strings ignored (no recursion)."""
+    if body.count(b"[") + body.count(b"{") <= MAX_NESTING:
+        return 0  # too few brackets to nest deeply: the common case costs two counts
+    depth = deepest = 0
+    for bracket in _BRACKET.finditer(_STRING.sub(b'""', body)):
+        depth += 1 if bracket[0] in b"[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def encode_body(message: dict[str, Any]) -> bytes:
+    """A message as JSON text. JSON has no NaN or Infinity: such floats are sent as the strings "nan", "inf",
+    "-inf"."""
     try:
         text = json.dumps(message, separators=(",", ":"), allow_nan=False)
     except ValueError:
         text = json.dumps(json_safe(message), separators=(",", ":"), allow_nan=False)
-    body = text.encode("utf-8")
+    return text.encode("utf-8")
+
+
+def frame(body: bytes) -> bytes:
     return b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """Frame a message (its `seq` included)."""
+    return frame(encode_body(message))
+
+
+def with_seq(seq: int, body: bytes) -> bytes:
+    """The JSON text of a message that has no `seq` yet, with `seq` as its first field."""
+    return b'{"seq":%d,' % seq + body[1:] if body != b"{}" else b'{"seq":%d}' % seq
 
 
 def _preview(data: bytes, limit: int = 60) -> str:

@@ -1,32 +1,60 @@
-"""The DAP server: transport (stdio, or TCP serving one session after another) and dispatch.
+"""The DAP server's front, the adapter process: transports, trust, and one engine process per session.
 
-A Connection reads bytes, lets protocol.MessageReader frame them, checks each request's arguments
-against its handler's model and answers. Handlers marked `on_loop` answer on the event loop;
-all others queue, in arrival order, on the Adapter's single worker thread that owns the Session.
-Whatever goes wrong with one message is answered (an error response, or an `output` event
-when the message cannot be answered) and the connection keeps serving.
+A ClientConnection reads a client's bytes, lets protocol.MessageReader frame them, and hands each request
+to its session's engine: a child process (dap_server/engine.py) that holds the Session and runs the user's
+code, spoken to over a pipe (dap_server/channel.py). The front never imports torch nor the user's code,
+so nothing a program does reaches it: when an engine exits, crashes or hangs, the front answers every
+request still pending with what happened, sends `output` and `terminated`, and keeps serving (a later
+`launch` starts a fresh engine). When the session was recording, the recording is kept and offered for
+reopening at its last complete step (`terminated`'s `restart` carries `{"trace": PATH}`).
+
+TCP serves connections concurrently, each with its own engine, up to `--max-sessions`; a connection that
+has not sent `initialize` within `--handshake-timeout`, or leaves a message incomplete for
+`--frame-timeout`, is closed. A bind beyond loopback needs `--allow-remote` and a token (`--token` or
+REWIND_TOKEN) that the client passes as `rewindToken` in `initialize`'s arguments: launch runs Python.
+
+`--in-process` runs the engine inside the server (benchmarks compare the two; a program that exits then
+takes the server down with it).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hmac
+import ipaddress
 import logging
 import os
+import shutil
+import signal
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
-from dap_server import (addresses, attach, breakpoints, custom, evaluate, experiments, forensics,  # noqa: F401
-                        frames, instructions, lifecycle, memory, reference_memory, repair, sources, stepping,
-                        traces, variables)  # importing a module registers its requests
-from dap_server.adapter import Adapter, Cancelled
-from dap_server.protocol import FramingError, MessageReader, encode
-from dap_server.requests import REQUESTS, Handler
-from hardware.errors import RewindError
+from dap_server import channel
+from dap_server.failures import echo
+from dap_server.protocol import FramingError, MessageReader, encode_body, frame, with_seq
 
 log = logging.getLogger("dap_server")
 READ_CHUNK = 1 << 16
 ERROR_ID = 1
+ROOT = Path(__file__).resolve().parent.parent
+_STOPPING = ("terminate", "disconnect")
+_DONE_WHEN_ENDED = (*_STOPPING, "pause")  # what these ask for is what an engine's end gives
+_LOADING = ("launch", "restart")  # requests that run the user's build()
+_CRASH_SIGNALS = {"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT"}
+
+
+@dataclass
+class ServerOptions:
+    token: str | None = None  # clients must pass it as initialize's `rewindToken`
+    handshake_timeout: float | None = None  # seconds from connecting to `initialize` (TCP)
+    frame_timeout: float | None = None  # seconds one message may stay incomplete (TCP)
+    stop_grace: float = 5.0  # seconds an engine gets to answer terminate/disconnect, or to leave build() after pause
+    max_sessions: int = 8
+    in_process: bool = False
+    log_level: str = "WARNING"
 
 
 class Writer(Protocol):
@@ -37,22 +65,31 @@ class Writer(Protocol):
     def is_closing(self) -> bool: ...
 
 
-class Connection:
-    def __init__(self, reader: asyncio.StreamReader, writer: Writer):
-        self.reader, self.writer = reader, writer
+class ClientConnection:
+    """One client: framing, the token, timeouts, and the engine its requests go to."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: Writer, options: ServerOptions,
+                 refuse: str | None = None):
+        self.reader, self.writer, self.options = reader, writer, options
         self.loop = asyncio.get_running_loop()
-        self.adapter = Adapter(self.emit)
+        self.refusal = refuse  # every request is answered with this, then the connection closes
+        self.authenticated = options.token is None
+        self.initialized = False
+        self.engine: EngineLink | InProcessEngine | None = None
+        self.initialize_request: dict | None = None  # replayed to a fresh engine after one died
         self._seq = 0
-        self._tasks: set[asyncio.Task] = set()  # answers in flight (the loop keeps only weak references)
-        self._done = asyncio.Event()
+        self.done = asyncio.Event()
 
     async def serve(self) -> None:
         reading = asyncio.ensure_future(self._read())
+        closing = asyncio.ensure_future(self.done.wait())
         try:
-            await self._done.wait()
+            await asyncio.wait({reading, closing}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             reading.cancel()
-            self.adapter.close()
+            closing.cancel()
+            if self.engine is not None:
+                await self.engine.close()
             await self._flush()
             self.writer.close()
 
@@ -65,121 +102,348 @@ class Connection:
 
     async def _read(self) -> None:
         framer = MessageReader()
+        opened = self.loop.time()
+        frame_started: float | None = None
         try:
-            while data := await self.reader.read(READ_CHUNK):
+            while True:
+                data = await self._next_chunk(opened, frame_started)
+                if not data:
+                    break
                 for item in framer.feed(data):
                     if isinstance(item, FramingError):
                         self._refuse(item)
                     else:
-                        self._accept(item)
+                        await self._accept(item)
+                    if self.done.is_set():
+                        return
+                frame_started = (frame_started or self.loop.time()) if framer.partial else None
+        except TimeoutError as exc:  # before OSError, of which it is a kind
+            self.send_event("output", {"category": "important", "output": f"Rewind closed the connection: {exc}\n"})
         except (ConnectionError, OSError) as exc:
             log.info("connection lost: %s", exc)
-        finally:
-            self._done.set()
+
+    async def _next_chunk(self, opened: float, frame_started: float | None) -> bytes:
+        """The client's next bytes, within the time the handshake and an incomplete message are allowed."""
+        limits = []
+        if not self.initialized and self.options.handshake_timeout is not None:
+            limits.append((opened + self.options.handshake_timeout,
+                           f"no 'initialize' within {self.options.handshake_timeout:g} s of connecting"))
+        if frame_started is not None and self.options.frame_timeout is not None:
+            limits.append((frame_started + self.options.frame_timeout,
+                           f"a message stayed incomplete for {self.options.frame_timeout:g} s"))
+        if not limits:
+            return await self.reader.read(READ_CHUNK)
+        deadline, why = min(limits)
+        try:
+            return await asyncio.wait_for(self.reader.read(READ_CHUNK), max(0.0, deadline - self.loop.time()))
+        except TimeoutError:
+            raise TimeoutError(why) from None
 
     # -- requests -------------------------------------------------------------------------------
-    def _accept(self, message: dict[str, Any]) -> None:
-        handler = REQUESTS.get(message["command"])
-        if handler is None:
-            known = ", ".join(sorted(REQUESTS))
-            self._respond_error(message, RewindError(f"unknown request '{message['command']}' (known: {known})"))
-        elif handler.on_loop:
-            self._answer_now(message, handler)
-        else:
-            task = asyncio.ensure_future(self._answer(message, handler))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    def _answer_now(self, message: dict[str, Any], handler: Handler) -> None:
-        try:
-            body = handler.fn(self.adapter, handler.parse(message.get("arguments")))
-        except Exception as exc:
-            self._respond_error(message, exc)
-        else:
-            self._respond(message, body)
-
-    async def _answer(self, message: dict[str, Any], handler: Handler) -> None:
-        try:
-            args = handler.parse(message.get("arguments"))
-            if handler.interrupts:
-                self.adapter.pause()
-            body, motion = await self.adapter.call(message["seq"], handler, args)
-        except Exception as exc:
-            self._respond_error(message, exc)
+    async def _accept(self, message: dict[str, Any]) -> None:
+        command = message["command"]
+        if self.refusal is not None:
+            self.respond_error(message, self.refusal)
+            self.done.set()
             return
-        self._respond(message, body)
-        if motion is not None:
-            self.adapter.start_motion(message["seq"], motion)
-        if self.adapter.closing:
-            self._done.set()
+        if not self.authenticated:
+            if not self._token_matches(message):
+                self.respond_error(message, "this Rewind server needs a token: pass it as 'rewindToken' in the "
+                                            "arguments of 'initialize' (see --token in docs/protocol.md)")
+                self.done.set()
+                return
+            self.authenticated = True
+        if command == "initialize":
+            arguments = message.get("arguments")
+            if isinstance(arguments, dict):
+                message = {**message, "arguments": {k: v for k, v in arguments.items() if k != "rewindToken"}}
+            self.initialized = True
+            self.initialize_request = message
+        if command == "launch":
+            message = _reopening(message)
+        if self.engine is None or self.engine.ended is not None:
+            if not await self._engine_for(message):
+                return
+        self.engine.forward(message)
+
+    async def _engine_for(self, message: dict[str, Any]) -> bool:
+        """An engine to take `message`: the first one, or a fresh one for a launch after the last one ended.
+        Other requests after an engine ended are answered here."""
+        command, ended = message["command"], self.engine.ended if self.engine is not None else None
+        if ended is not None and command != "launch":
+            if command in _STOPPING:
+                self.respond(message, None)
+                if command == "disconnect":
+                    self.done.set()
+            elif command == "threads":
+                self.respond(message, {"threads": []})
+            else:
+                self.respond_error(message, f"this debug session has ended ({ended}); send 'launch' to start "
+                                            "a new one")
+            return False
+        self.engine = InProcessEngine(self) if self.options.in_process else EngineLink(self)
+        await self.engine.start()
+        if ended is not None and self.initialize_request is not None:
+            self.engine.forward(self.initialize_request, answer=False)
+        return True
+
+    def _token_matches(self, message: dict[str, Any]) -> bool:
+        arguments = message.get("arguments")
+        given = arguments.get("rewindToken") if message["command"] == "initialize" and isinstance(arguments, dict) \
+            else None
+        return isinstance(given, str) and hmac.compare_digest(given.encode(), self.options.token.encode())
 
     # -- writing --------------------------------------------------------------------------------
-    def emit(self, event: str, body: dict | None = None) -> None:
-        """Thread-safe: send an event (from the worker, a timer, or the loop itself) in order."""
-        try:
-            self.loop.call_soon_threadsafe(self._send, {"type": "event", "event": event, **_body(body)})
-        except RuntimeError:  # the loop is closed: the client is gone
-            pass
+    def send_json(self, body: bytes) -> None:
+        """Send a message given as JSON text without `seq`: every message the client receives is numbered here."""
+        self._seq += 1
+        if not self.writer.is_closing():
+            self.writer.write(frame(with_seq(self._seq, body)))
 
-    def _respond(self, request: dict[str, Any], body: Any) -> None:
-        message = {"type": "response", "request_seq": request["seq"], "command": request["command"],
-                   "success": True, **_body(body)}
-        try:
-            self._send(message)
-        except (TypeError, ValueError) as exc:  # a body that is not JSON is our bug; the client still gets an answer
-            log.exception("response to %s is not JSON", request["command"])
-            self._respond_error(request, RuntimeError(f"internal error: the response is not JSON: {exc}"))
+    def send_event(self, event: str, body: dict | None) -> None:
+        self.send_json(encode_body({"type": "event", "event": event, **({} if body is None else {"body": body})}))
 
-    def _respond_error(self, request: dict[str, Any], exc: BaseException) -> None:
-        if isinstance(exc, Cancelled):
-            text = "cancelled"
-        elif isinstance(exc, RewindError):
-            text = str(exc)
-        else:
-            log.error("%s failed", request.get("command"), exc_info=exc)
-            text = f"internal error in {request.get('command')}: {type(exc).__name__}: {exc}"
-        self._send({"type": "response", "request_seq": request["seq"], "command": request.get("command") or "",
-                    "success": False, "message": text,
-                    "body": {"error": {"id": ERROR_ID, "format": text, "showUser": True}}})
+    def respond(self, request: dict[str, Any], body: Any) -> None:
+        self.send_json(encode_body({"type": "response", "request_seq": request["seq"], "command": request["command"],
+                                    "success": True, **({} if body is None else {"body": body})}))
+
+    def respond_error(self, request: dict[str, Any], text: str) -> None:
+        self.send_json(encode_body({
+            "type": "response", "request_seq": request["seq"], "command": echo(request.get("command") or ""),
+            "success": False, "message": text,
+            "body": {"error": {"id": ERROR_ID, "format": text, "showUser": True}}}))
 
     def _refuse(self, error: FramingError) -> None:
         log.warning("refused input: %s", error.message)
         if error.seq is not None:
-            self._respond_error({"seq": error.seq, "command": error.command}, RewindError(error.message))
+            self.respond_error({"seq": error.seq, "command": error.command or ""}, error.message)
         else:
-            self.emit("output", {"category": "important", "output": f"Rewind refused a message: {error.message}\n"})
-
-    def _send(self, message: dict[str, Any]) -> None:
-        data = encode({"seq": self._seq + 1, **message})
-        self._seq += 1
-        if not self.writer.is_closing():
-            self.writer.write(data)
+            self.send_event("output", {"category": "important", "output": f"Rewind refused a message: {error.message}\n"})
 
 
-def _body(body: Any) -> dict:
-    return {} if body is None else {"body": body}
+def _reopening(message: dict[str, Any]) -> dict[str, Any]:
+    """A launch that restarts a session whose engine died while recording (the `restart` of our `terminated`):
+    it opens the recording instead of running the program again."""
+    arguments = message.get("arguments")
+    restart = arguments.get("__restart") if isinstance(arguments, dict) else None
+    if not (isinstance(restart, dict) and isinstance(restart.get("trace"), str)):
+        return message
+    kept = {k: v for k, v in arguments.items() if k not in ("program", "record", "overwrite", "__restart")}
+    return {**message, "arguments": {**kept, "trace": restart["trace"]}}
+
+
+class InProcessEngine:
+    """The engine inside the server process: the same Dispatcher, no pipe (benchmarks, debugging Rewind)."""
+
+    ended: str | None = None
+
+    def __init__(self, connection: ClientConnection):
+        self.connection = connection
+
+    async def start(self) -> None:
+        from dap_server.dispatch import Dispatcher  # deferred: the front imports torch only when asked to
+
+        self.dispatcher = Dispatcher(lambda out: self.connection.send_json(out.json))
+        self._watch = asyncio.ensure_future(self._closing())
+
+    async def _closing(self) -> None:
+        await self.dispatcher.done.wait()
+        self.connection.done.set()
+
+    def forward(self, message: dict[str, Any], answer: bool = True) -> None:
+        self.dispatcher.accept(message)
+
+    async def close(self) -> None:
+        self._watch.cancel()
+        self.dispatcher.close()
+
+
+class EngineLink:
+    """One engine process: requests forwarded, what it sends delivered, its end noticed and explained."""
+
+    def __init__(self, connection: ClientConnection):
+        self.connection = connection
+        self.grace = connection.options.stop_grace
+        self.pending: dict[int, str] = {}  # request seq -> command, until the engine answers
+        self.silent: set[int] = set()  # requests whose answers the client never asked for (a replayed initialize)
+        self.recording: channel.Recording | None = None
+        self.ended: str | None = None  # why the engine is gone, once it is
+        self.stop_reason: str | None = None  # set when the front stops the engine itself
+        self.terminated_sent = False
+        self.closing = False
+
+    async def start(self) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
+                                                            if p)}
+        self.process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "dap_server.engine", "--log-level", self.connection.options.log_level,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env, limit=channel.MAX_FRAME)
+        self._pump_task = asyncio.ensure_future(self._pump())
+
+    def forward(self, message: dict[str, Any], answer: bool = True) -> None:
+        seq, command = message["seq"], message["command"]
+        self.pending[seq] = command
+        if not answer:
+            self.silent.add(seq)
+        if command in _STOPPING:
+            self._watch([seq], f"the engine did not answer '{command}' within {self.grace:g} s")
+        elif command == "pause" or (command == "cancel" and self._cancels_loading(message)):
+            loading = [s for s, c in self.pending.items() if c in _LOADING]
+            self._watch(loading, f"build() did not return within {self.grace:g} s after '{command}'")
+        try:
+            self.process.stdin.write(channel.pack(channel.Request(message)))
+        except (ConnectionError, RuntimeError):  # the engine is gone: its end is being handled
+            pass
+
+    def _cancels_loading(self, message: dict[str, Any]) -> bool:
+        arguments = message.get("arguments")
+        target = arguments.get("requestId") if isinstance(arguments, dict) else None
+        return self.pending.get(target) in _LOADING
+
+    def _watch(self, seqs: list[int], why: str) -> None:
+        """Stop the engine if any of these requests is still unanswered after the grace period."""
+        async def watchdog() -> None:
+            await asyncio.sleep(self.grace)
+            if self.ended is None and any(seq in self.pending for seq in seqs):
+                await self.stop(why)
+        if seqs:
+            asyncio.ensure_future(watchdog())
+
+    async def stop(self, why: str) -> None:
+        """SIGTERM, then SIGKILL after the grace period; `_pump` then answers what is pending."""
+        self.stop_reason = self.stop_reason or why
+        if self.process.returncode is None:
+            self.process.terminate()
+            try:
+                await asyncio.wait_for(self.process.wait(), self.grace)
+            except TimeoutError:
+                self.process.kill()
+
+    async def close(self) -> None:
+        """The client is gone: let the engine finish (a recording is completed), or stop it."""
+        self.closing = True
+        if self.process.returncode is None:
+            self.process.stdin.close()
+            try:
+                await asyncio.wait_for(self.process.wait(), self.grace)
+            except TimeoutError:
+                await self.stop("the client left")
+        await self._pump_task
+
+    # -- from the engine ------------------------------------------------------------------------------
+    async def _pump(self) -> None:
+        try:
+            async for item in channel.frames(self.process.stdout):
+                self._deliver(item)
+        except channel.ChannelError as exc:
+            log.error("engine channel: %s", exc)
+            await self.stop(f"it sent something unreadable ({exc})")
+        await self._ended(await self.process.wait())
+
+    def _deliver(self, item: channel.Frame) -> None:
+        if isinstance(item, channel.Recording):
+            self.recording = item
+            return
+        if not isinstance(item, channel.Message):
+            return
+        if item.kind == "response" and item.request_seq is not None:
+            self.pending.pop(item.request_seq, None)
+            if item.request_seq in self.silent:
+                self.silent.discard(item.request_seq)
+                return
+        if item.kind == "event" and item.event == "terminated":
+            self.terminated_sent = True
+        self.connection.send_json(item.json)
+        if item.kind == "response" and item.command == "disconnect":
+            self.connection.done.set()
+
+    async def _ended(self, returncode: int) -> None:
+        """Answer every request still pending, tell the client why, offer the recording."""
+        why = self.stop_reason or describe_exit(returncode)
+        self.ended = why
+        if self.closing and not self.pending:
+            return
+        for seq, command in sorted(self.pending.items()):
+            if seq in self.silent:
+                continue
+            request = {"seq": seq, "command": command}
+            if command in _DONE_WHEN_ENDED:
+                self.connection.respond(request, None)
+                if command == "disconnect":
+                    self.connection.done.set()
+            else:
+                self.connection.respond_error(request, f"{command}: the debug session's engine ended: {why}")
+        self.pending.clear()
+        if self.connection.done.is_set():
+            return
+        kept = self._keep_recording()
+        note = (f" The recording up to that point is in {kept}: restart the session to open it at its last "
+                f"complete step, or run `rewind debug --trace {kept}`." if kept else "")
+        self.connection.send_event("output", {"category": "important",
+                                              "output": f"The debug session's engine ended: {why}.{note}\n"})
+        if not self.terminated_sent:
+            self.connection.send_event("terminated", {"restart": {"trace": kept}} if kept else None)
+            self.terminated_sent = True
+
+    def _keep_recording(self) -> str | None:
+        """The dead engine's partial recording, moved to the path the user asked for (it reads up to its last
+        complete frame); None when there is none."""
+        if self.recording is None or not os.path.isfile(self.recording.partial):
+            return None
+        try:
+            shutil.move(self.recording.partial, self.recording.target)
+        except OSError as exc:
+            log.warning("could not keep the recording %s: %s", self.recording.partial, exc)
+            return self.recording.partial
+        return self.recording.target
+
+
+def describe_exit(returncode: int) -> str:
+    """How an engine process ended, in words."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        if name in _CRASH_SIGNALS:
+            return f"it crashed ({name}: a fault in native code, such as a kernel, an extension or ctypes)"
+        if name == "SIGKILL":
+            return "it was killed (SIGKILL; the system may have run out of memory)"
+        return f"it was stopped by {name}"
+    return f"its process exited with status {returncode} while the program ran (os._exit or a fatal error)"
 
 
 # -- transports -------------------------------------------------------------------------------------
-async def serve_stdio() -> None:
+async def serve_stdio(options: ServerOptions) -> None:
     loop = asyncio.get_running_loop()
     protocol_out = os.fdopen(os.dup(1), "wb", buffering=0)
-    os.dup2(2, 1)  # whatever the user's model prints goes to stderr, never into the protocol stream
+    os.dup2(2, 1)  # nothing printed in this process may reach the protocol stream
     sys.stdout = sys.stderr
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
     transport, _ = await loop.connect_write_pipe(asyncio.Protocol, protocol_out)
-    await Connection(reader, transport).serve()
+    connection = ClientConnection(reader, transport, options)
+    connection.engine = InProcessEngine(connection) if options.in_process else EngineLink(connection)
+    await connection.engine.start()  # at once: it loads while the client starts
+    await connection.serve()
 
 
-async def serve_tcp(host: str, port: int) -> None:
-    one_at_a_time = asyncio.Lock()
+async def serve_tcp(host: str, port: int, options: ServerOptions) -> None:
+    live: set[ClientConnection] = set()
 
     async def serve_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        async with one_at_a_time:
-            peer = writer.get_extra_info("peername")
-            log.info("session with %s begins", peer)
-            await Connection(reader, writer).serve()
+        peer = writer.get_extra_info("peername")
+        full = len(live) >= options.max_sessions
+        refusal = (f"Rewind is serving {len(live)} debug sessions, its limit (--max-sessions {options.max_sessions}): "
+                   "try again when one ends") if full else None
+        connection = ClientConnection(reader, writer, options, refuse=refusal)
+        log.info("session with %s begins%s", peer, " (refused: full)" if full else "")
+        if not full:
+            live.add(connection)
+        try:
+            await connection.serve()
+        finally:
+            live.discard(connection)
             log.info("session with %s ended", peer)
 
     server = await asyncio.start_server(serve_client, host, port)
@@ -189,15 +453,49 @@ async def serve_tcp(host: str, port: int) -> None:
         await server.serve_forever()
 
 
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m dap_server",
                                      description="Rewind's Debug Adapter Protocol server (stdio unless --port).")
     parser.add_argument("--port", type=int, help="listen on TCP (0: any free port, printed on stderr)")
     parser.add_argument("--host", default="127.0.0.1", help="TCP address to listen on (default 127.0.0.1)")
+    parser.add_argument("--allow-remote", action="store_true",
+                        help="allow a --host beyond loopback (needs a token: launch runs Python)")
+    parser.add_argument("--token", default=os.environ.get("REWIND_TOKEN"),
+                        help="a shared secret clients pass as 'rewindToken' in initialize (default: $REWIND_TOKEN)")
+    parser.add_argument("--max-sessions", type=int, default=8, help="concurrent TCP sessions (default 8)")
+    parser.add_argument("--handshake-timeout", type=float, default=30.0,
+                        help="seconds a TCP client has to send initialize (default 30)")
+    parser.add_argument("--frame-timeout", type=float, default=30.0,
+                        help="seconds a TCP message may stay incomplete (default 30)")
+    parser.add_argument("--stop-grace", type=float, default=5.0,
+                        help="seconds an engine gets to answer terminate/disconnect or to leave build() after "
+                             "pause before it is stopped (default 5)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run the engine inside the server (benchmarks; a program that exits ends the server)")
     parser.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = parser.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=args.log_level, format="rewind-dap %(levelname)s: %(message)s")
+    if args.port is not None and not _loopback(args.host):
+        if not args.allow_remote:
+            parser.error(f"--host {args.host} is reachable from other machines, and launch runs Python there: "
+                         "pass --allow-remote (with --token) if that is what you want")
+        if not args.token:
+            parser.error("--allow-remote needs a token (--token or REWIND_TOKEN) that clients must present")
+    options = ServerOptions(stop_grace=args.stop_grace, max_sessions=args.max_sessions,
+                            in_process=args.in_process, log_level=args.log_level)
+    if args.port is not None:
+        options.handshake_timeout, options.frame_timeout = args.handshake_timeout, args.frame_timeout
+        options.token = args.token or None  # stdio's client started the server itself: it needs no token
     try:
-        asyncio.run(serve_stdio() if args.port is None else serve_tcp(args.host, args.port))
+        asyncio.run(serve_stdio(options) if args.port is None else serve_tcp(args.host, args.port, options))
     except KeyboardInterrupt:
         pass

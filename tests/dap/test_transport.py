@@ -118,8 +118,8 @@ def test_initialize_advertises_what_works(schema):
 def test_the_schema_check_is_not_vacuous():
     check = SchemaCheck()
     check({"seq": 1, "type": "event", "event": "stopped", "body": {"threadId": 1}})  # no reason
-    check({"seq": 2, "type": "response", "request_seq": 0, "command": "threads", "success": True,
-           "body": {"threads": []}})  # request_seq must be >= 1
+    check({"seq": 2, "type": "response", "request_seq": 1, "command": "threads", "success": True,
+           "body": {"threads": [{"id": 1}]}})  # a thread needs a name
     check({"seq": 3, "type": "response", "request_seq": 1, "command": "x", "success": False, "message": "m"})
     assert len(check.failures) == 3 and check.failures[0].startswith("StoppedEvent")
     assert check.failures[2].startswith("ErrorResponse")  # an error response needs a body

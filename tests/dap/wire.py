@@ -10,12 +10,15 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import debugpy
 from jsonschema import Draft4Validator
 
 from dap_server.client import DapClient, DapError
 
 ROOT = Path(__file__).resolve().parents[2]
-SPEC = ROOT.parent / "shared" / "spec" / "debugAdapterProtocol.json"
+# The DAP schema that ships inside the pinned debugpy package: the suite reads nothing outside the repository.
+SPEC = (Path(debugpy.__file__).parent / "_vendored" / "pydevd" / "_pydevd_bundle" / "_debug_adapter"
+        / "debugProtocol.json")
 GPT = ROOT / "examples" / "gpt.py"
 MODELS = ROOT / "tests" / "models"
 GPT_LINES = GPT.read_text().splitlines()
@@ -178,8 +181,9 @@ STATS_RE = re.compile(r"^(?P<dtype>\w+)\[(?P<shape>[\d, ]*)\] (?P<device>\S+) "
 class TcpServer:
     """`python -m dap_server --port 0` in a child process; `port` is the one it printed."""
 
-    def __init__(self) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "dap_server", "--port", "0"], cwd=str(ROOT),
+    def __init__(self, *args: str, env: dict | None = None) -> None:
+        self.process = subprocess.Popen([sys.executable, "-m", "dap_server", "--port", "0", *args], cwd=str(ROOT),
+                                        env=env,
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         line = self.process.stderr.readline().decode()
         match = re.search(r"listening on [\d.]+:(\d+)", line)

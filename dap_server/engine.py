@@ -1,0 +1,126 @@
+"""An engine process: one debug session (its Session, the request handlers, the user's code) behind a pipe.
+
+The front (dap_server/server.py) starts one per session as `python -m dap_server.engine` and speaks to it
+over its stdin and stdout with the messages of dap_server/channel.py. Before anything else runs, the
+channel moves to private descriptors: the program's stdin reads nothing, and what the program prints on
+stdout reaches the client as `output` events (the first MAX_PROGRAM_OUTPUT bytes; the rest is dropped and
+counted), so nothing the program does can write into the channel.
+
+The engine ends when the client disconnects or the front closes the pipe. A program that exits, crashes
+or hangs ends only this process: the front notices, answers what was pending and keeps serving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import codecs
+import logging
+import os
+import sys
+import threading
+from typing import Callable
+
+from dap_server import channel
+from dap_server.dispatch import Dispatcher, Outgoing
+
+log = logging.getLogger("dap_server")
+MAX_PROGRAM_OUTPUT = 2**20  # bytes of the program's stdout shown to the client per session
+WORKER_GRACE_S = 20.0  # how long the session's last work (finishing a recording) may take once the client is gone
+
+
+class ProgramOutput(threading.Thread):
+    """Reads what the program prints and hands it on as `output` events, up to a limit; always drains the pipe,
+    so a program printing without end never blocks on a full pipe."""
+
+    def __init__(self, fd: int, emit: Callable[[str, dict], None]):
+        super().__init__(name="rewind-program-output", daemon=True)
+        self.fd, self.emit = fd, emit
+        self.shown = self.dropped = 0
+
+    def run(self) -> None:
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        while chunk := os.read(self.fd, 1 << 16):
+            shown = chunk[:max(0, MAX_PROGRAM_OUTPUT - self.shown)]
+            self.dropped += len(chunk) - len(shown)
+            if not shown:
+                continue
+            self.shown += len(shown)
+            if text := decoder.decode(shown):
+                self.emit("output", {"category": "stdout", "output": text})
+            if self.shown >= MAX_PROGRAM_OUTPUT:
+                self.emit("output", {"category": "important", "output": (
+                    f"\nThe program printed more than {MAX_PROGRAM_OUTPUT // 2**20} MiB: the rest of its output "
+                    "is not shown.\n")})
+
+
+async def serve(fd_in: int, fd_out: int, output_fd: int) -> Dispatcher:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=channel.MAX_FRAME)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd_in, "rb", buffering=0))
+    transport, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(fd_out, "wb", buffering=0))
+
+    def deliver(out: Outgoing) -> None:
+        if not transport.is_closing():
+            transport.write(channel.pack(channel.Message(out.kind, out.json, out.request_seq, out.command,
+                                                         out.event)))
+
+    def notify(kind: str, body: dict) -> None:  # from the worker thread
+        if kind == "recording":
+            frame = channel.pack(channel.Recording(str(body["partial"]), str(body["target"])))
+            loop.call_soon_threadsafe(lambda: transport.is_closing() or transport.write(frame))
+
+    dispatcher = Dispatcher(deliver, notify)
+    ProgramOutput(output_fd, dispatcher.emit).start()
+    reading = asyncio.ensure_future(_read(reader, dispatcher))
+    disconnected = asyncio.ensure_future(dispatcher.done.wait())
+    await asyncio.wait({reading, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+    reading.cancel()
+    disconnected.cancel()
+    dispatcher.close()
+    for _ in range(200):  # the disconnect response reaches the front before the process goes
+        if transport.is_closing() or not transport.get_write_buffer_size():
+            break
+        await asyncio.sleep(0.01)
+    return dispatcher
+
+
+async def _read(reader: asyncio.StreamReader, dispatcher: Dispatcher) -> None:
+    async for frame in channel.frames(reader):
+        if isinstance(frame, channel.Request):
+            dispatcher.accept(frame.message)
+
+
+def _private_channel() -> tuple[int, int, int]:
+    """Move the channel off fds 0 and 1: the program reads /dev/null and prints into a pipe of ours."""
+    fd_in, fd_out = os.dup(0), os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    output_r, output_w = os.pipe()
+    os.dup2(output_w, 1)
+    os.close(output_w)
+    sys.stdout.reconfigure(line_buffering=True)  # sys.stdout writes to fd 1: the program's prints arrive promptly
+    return fd_in, fd_out, output_r
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m dap_server.engine",
+                                     description="One Rewind debug session; started by the DAP server, not by hand.")
+    parser.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    args = parser.parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level=args.log_level, format="rewind-engine %(levelname)s: %(message)s")
+    fd_in, fd_out, output_fd = _private_channel()
+    dispatcher = asyncio.run(serve(fd_in, fd_out, output_fd))
+    # The session closes on its worker (a recording is finished and renamed into place). A worker stuck in the
+    # user's code must not keep the process alive: wait a while, then leave without running exit handlers.
+    finished = threading.Thread(target=dispatcher.adapter.worker.shutdown, daemon=True)
+    finished.start()
+    finished.join(WORKER_GRACE_S)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

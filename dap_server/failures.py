@@ -1,0 +1,41 @@
+"""Failures in the user's terms: what a client is told when a request or a motion fails.
+
+Never an exception class name or a traceback: those go to the server log. A program's own `sys.exit()` or
+keyboard interrupt is named as what the program did.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from hardware.errors import RewindError
+
+log = logging.getLogger("dap_server")
+MAX_ECHO = 60  # characters of a client's own input quoted back in an error
+
+
+class Cancelled(RewindError):
+    """The client cancelled the request before it ran."""
+
+
+def describe_failure(command: str, exc: BaseException) -> str:
+    """What went wrong, in the user's terms: never an exception class name or a traceback."""
+    if isinstance(exc, Cancelled):
+        return "cancelled"
+    if isinstance(exc, RewindError):
+        return str(exc)
+    if isinstance(exc, SystemExit):
+        return (f"the program called sys.exit({echo(repr(exc.code))}) while Rewind ran '{echo(command)}'; "
+                "the debug session goes on")
+    if isinstance(exc, KeyboardInterrupt):
+        return f"the program raised a keyboard interrupt while Rewind ran '{echo(command)}'; the debug session goes on"
+    log.error("%s failed", command, exc_info=exc)
+    return (f"Rewind could not complete '{echo(command)}': {echo(str(exc), 200) or 'an unexpected failure'} "
+            "(a bug in Rewind; the server log has the details)")
+
+
+def echo(text: str, limit: int = MAX_ECHO) -> str:
+    """A client's own input quoted back: never more than `limit` characters of it."""
+    return text if len(text) <= limit else text[:limit] + f"… ({len(text)} characters)"
+
+

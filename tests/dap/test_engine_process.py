@@ -1,0 +1,175 @@
+"""A program cannot take the server down: each session's engine is its own process, and its end is explained.
+
+Every test drives a real server through the wire with a hostile `build()` from tests/models/hostile.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.dap.wire import MODELS, DapError, Debugger, TcpServer
+
+HOSTILE = MODELS / "hostile.py"
+GRACE = "1"  # --stop-grace: seconds a hung engine gets before it is stopped
+
+
+def children(pid: int) -> list[int]:
+    """The live child processes of `pid` (the engines of a server)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return [c for c in found if alive(c)]
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def wait_until(condition, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+def launch(debugger: Debugger, entry: str, **options) -> dict:
+    return debugger.request("launch", {"program": str(HOSTILE), "entry": entry, "driver": "torch:cpu", **options})
+
+
+def launch_good_program(debugger: Debugger) -> dict:
+    """The same connection still debugs: launch the well-behaved entry and run it to its end."""
+    mark = debugger.client.mark()
+    launch(debugger, "build")
+    debugger.client.wait_for("initialized", after=mark)
+    return debugger.motion("configurationDone", {})
+
+
+@pytest.fixture
+def server(schema):
+    debugger = Debugger.spawn(schema, ["--stop-grace", GRACE])
+    debugger.initialize()
+    yield debugger
+    debugger.close()
+
+
+@pytest.mark.parametrize("entry, said", [("build_exit", r"the program called sys\.exit\(3\) while Rewind ran 'launch'"),
+                                         ("build_interrupt", "the program raised a keyboard interrupt")])
+def test_a_program_that_exits_or_is_interrupted_in_build_fails_only_its_launch(server, entry, said):
+    engine = children(server.client.process.pid)
+    with pytest.raises(DapError, match=said):
+        launch(server, entry)
+    assert children(server.client.process.pid) == engine  # the same engine goes on
+    assert launch_good_program(server)["reason"] == "end"
+
+
+def test_os_exit_ends_the_engine_and_a_new_launch_gets_a_fresh_one(server):
+    mark = server.client.mark()
+    with pytest.raises(DapError, match="engine ended: its process exited with status 3"):
+        launch(server, "build_os_exit")
+    said = server.client.wait_for("output", lambda b: "engine ended" in b["output"], after=mark)
+    assert said["category"] == "important"
+    server.client.wait_for("terminated", after=mark)
+    with pytest.raises(DapError, match="this debug session has ended .* send 'launch'"):
+        server.request("stackTrace", {"threadId": 1})
+    assert server.request("threads") == {"threads": []}
+    assert launch_good_program(server)["reason"] == "end"
+    assert server.client.process.poll() is None
+
+
+def test_a_segfault_in_native_code_is_named_and_the_server_keeps_serving(server):
+    with pytest.raises(DapError, match=r"crashed \(SIGSEGV: a fault in native code"):
+        launch(server, "build_segfault")
+    assert launch_good_program(server)["reason"] == "end"
+
+
+@pytest.mark.parametrize("stop", ["pause", "cancel"])
+def test_pause_or_cancel_stops_a_build_that_never_returns(server, stop):
+    mark = server.client.mark()
+    loading = server.client.send("launch", {"program": str(HOSTILE), "entry": "build_spin"})
+    time.sleep(0.5)
+    (engine,) = children(server.client.process.pid)
+    arguments = {"threadId": 1} if stop == "pause" else {"requestId": loading.seq}
+    server.request(stop, arguments, timeout=30)
+    response = loading.wait(30)
+    assert not response.success
+    assert f"build() did not return within {GRACE} s after '{stop}'" in str(response.body)
+    server.client.wait_for("terminated", after=mark)
+    assert wait_until(lambda: not alive(engine), 10), "the spinning engine was left running"
+    assert launch_good_program(server)["reason"] == "end"
+
+
+def test_disconnect_ends_a_hung_engine_and_the_server(schema):
+    debugger = Debugger.spawn(schema, ["--stop-grace", GRACE])
+    debugger.initialize()
+    debugger.client.send("launch", {"program": str(HOSTILE), "entry": "build_spin"})
+    time.sleep(0.5)
+    (engine,) = children(debugger.client.process.pid)
+    started = time.monotonic()
+    debugger.request("disconnect", {}, timeout=30)
+    debugger.client.close(timeout=30)
+    assert debugger.client.process.returncode == 0
+    assert not alive(engine), "the hung engine outlived its server"
+    assert time.monotonic() - started < 30
+
+
+def test_what_a_program_prints_arrives_as_output_up_to_a_limit(server):
+    mark = server.client.mark()
+    launch(server, "build_chatty")
+    server.client.wait_for("initialized", after=mark)
+    outputs = [b for name, b in server.client.events_since(mark) if name == "output"]
+    printed = [b["output"] for b in outputs if b.get("category") == "stdout"]
+    shown = sum(len(text) for text in printed)
+    assert 2**20 - 1024 <= shown <= 2**20  # 4 MiB printed, the first MiB shown
+    assert set("".join(printed)) == {"x", "\n"}
+    assert any("printed more than 1 MiB" in b["output"] for b in outputs)
+    assert server.motion("configurationDone", {})["reason"] == "end"
+
+
+def test_an_engine_that_dies_while_recording_leaves_the_recording_to_reopen(server, tmp_path):
+    target = tmp_path / "run.rwtrace"
+    mark = server.client.mark()
+    launch(server, "build", record=str(target), stopOnEntry=True)
+    server.client.wait_for("initialized", after=mark)
+    server.motion("configurationDone", {})
+    for _ in range(3):
+        server.motion("next")
+    (engine,) = children(server.client.process.pid)
+    os.kill(engine, signal.SIGKILL)  # what a device fault does to a process
+    terminated = server.client.wait_for("terminated", after=mark)
+    assert terminated["restart"] == {"trace": str(target)}
+    said = server.client.wait_for("output", lambda b: "engine ended" in b["output"], after=mark)
+    assert "killed (SIGKILL" in said["output"] and str(target) in said["output"]
+    # The client restarts as DAP says: the launch arguments again, with the restart value as `__restart`.
+    again = server.client.mark()
+    launch(server, "build", record=str(target), __restart=terminated["restart"])
+    server.client.wait_for("initialized", after=again)
+    assert server.motion("configurationDone", {})["reason"] in ("end", "entry")
+    assert server.motion("stepBack")["reason"] in ("step", "entry")
+
+
+def test_a_tcp_server_outlives_an_engine_that_exits(schema):
+    tcp = TcpServer("--stop-grace", GRACE)
+    try:
+        first = Debugger.connect(schema, tcp.port)
+        first.initialize()
+        with pytest.raises(DapError, match="exited with status 3"):
+            launch(first, "build_os_exit")
+        second = Debugger.connect(schema, tcp.port)
+        second.initialize()
+        assert launch_good_program(second)["reason"] == "end"
+        second.close()
+        first.close()
+        assert tcp.process.poll() is None
+    finally:
+        tcp.stop()
