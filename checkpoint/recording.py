@@ -1,13 +1,17 @@
-"""Saving a Timeline to a trace, recording one continuously, and opening one again."""
+"""Saving a Timeline to a trace, recording one continuously, and opening one again.
+
+Writing never destroys a file (checkpoint/safe_files.py): a trace is written to a hidden temporary
+beside its target and moved into place whole; `adopt_partial` moves the temporary of a recording
+whose process died onto its target."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from checkpoint.codec import decode_program, encode_program
+from checkpoint.codec import encode_program
 from checkpoint.ring import Checkpoint
 from checkpoint.timeline import INITIAL, Edit, Step, Timeline
-from checkpoint.trace import TraceReader, TraceWriter
+from checkpoint.trace import TraceReader, TraceWriter, adopt_partial
 from hardware.driver import Driver
 from hardware.program import Program
 from provenance.writelog import KIND_NAMES, KIND_VIEW
@@ -23,17 +27,38 @@ def begin(writer: TraceWriter, program: Program, driver: Driver, initial: dict[s
         writer.initial(name, tensor)
 
 
-def record(timeline: Timeline, path: str) -> TraceWriter:
-    """Start continuous recording: every step, write and written value from now on goes to `path`."""
-    writer = TraceWriter(path)
-    begin(writer, timeline.program, timeline.driver, _initial_contents(timeline))
+def record(timeline: Timeline, path: str, overwrite: bool = False, in_use: dict[str, str] | None = None,
+           on_error: Callable[[str], None] | None = None) -> TraceWriter:
+    """Start continuous recording: every step, write and written value from now on goes to the writer's
+    `partial_path`, a hidden temporary beside `path`; closing the writer moves it onto `path` (an existing
+    file there is replaced only with `overwrite`, and not before). `on_error` hears of a write that
+    failed (a full disk): the recording stops there, the run goes on."""
+    writer = TraceWriter(path, overwrite, in_use, doing="record to", on_error=on_error)
+    try:
+        begin(writer, timeline.program, timeline.driver, _initial_contents(timeline))
+    except BaseException:
+        writer.abort()
+        raise
     timeline.recorder = writer
     return writer
 
 
-def save(timeline: Timeline, path: str, progress: Callable[[int, int], None] | None = None) -> TraceWriter:
-    """Write everything the Timeline recorded so far; evicted values are recomputed to be saved."""
-    writer = TraceWriter(path)
+def save(timeline: Timeline, path: str, progress: Callable[[int, int], None] | None = None,
+         overwrite: bool = False, in_use: dict[str, str] | None = None) -> TraceWriter:
+    """Write everything the Timeline recorded so far; evicted values are recomputed to be saved. The trace
+    appears at `path` whole when done, or not at all (checkpoint/safe_files.py); an existing file there
+    is replaced only with `overwrite`."""
+    writer = TraceWriter(path, overwrite, in_use)
+    try:
+        _save_frames(writer, timeline, progress)
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    return writer
+
+
+def _save_frames(writer: TraceWriter, timeline: Timeline, progress: Callable[[int, int], None] | None) -> None:
     begin(writer, timeline.program, timeline.driver, _initial_contents(timeline))
     log = timeline.log
     rows_by_tick: dict[int, list[int]] = {}
@@ -52,8 +77,6 @@ def save(timeline: Timeline, path: str, progress: Callable[[int, int], None] | N
             progress(tick + 1, timeline.frontier)
     for cp in sorted(timeline.ring.checkpoints.values(), key=lambda c: c.tick):
         writer.checkpoint(cp.tick, sorted(cp.pins))
-    writer.close()
-    return writer
 
 
 def _initial_contents(timeline: Timeline) -> dict[str, Any]:
@@ -68,50 +91,46 @@ def _edit(step: Step) -> dict | None:
 
 def open_trace(path: str, make_timeline: Callable[[Program, Driver, Any], Timeline],
                recompute: Driver | None = None) -> tuple[Program, Timeline, TraceReader]:
-    """Rebuild the Program and a Timeline positioned at tick 0 whose recorded steps come from the trace."""
+    """Rebuild the Program and a Timeline positioned at tick 0 whose recorded steps come from the trace.
+
+    The reader has checked every frame (checkpoint/trace.py): what it returns names only nodes, values and
+    ticks the trace holds, and ends at the last step whose writes all reached the file. A recording that
+    ends before the program does adds a note to `reader.contents.warnings` saying where."""
     from hardware.drivers.trace import TraceArchive, TraceDriver, _LazyInitial
 
     reader = TraceReader(path)
-    c = reader.contents
-    initial = _LazyInitial(reader)
-    program = decode_program(c.program, initial)
-    driver = TraceDriver(reader, recompute)
-    timeline = make_timeline(program, driver, TraceArchive(reader))
-    recorded = _complete_steps(program, c.steps, c.writes)
-    steps = []
-    for tick, unit, node, edit in recorded:
-        steps.append(Step(int(unit), node, Edit(edit["value"], int(edit["offset"]), bytes(edit["data"]),
-                                                edit.get("description", "")) if edit else None))
-    ran = {s.node for s in steps if s.node is not None}
-    steps += [Step(0, n.index) for n in program.nodes if n.index not in ran]
-    timeline.schedule = steps
-    timeline.node_tick = [0] * len(program.nodes)
-    for tick, step in enumerate(steps):
-        if step.node is not None:
-            timeline.node_tick[step.node] = tick
-    for row in c.writes:
-        if row[0] >= len(recorded):
-            continue
-        timeline.log.append_row(row)
-        timeline.versions.setdefault(row[3], [INITIAL] if row[3] in timeline.initial else []).append(int(row[0]))
-    timeline.frontier = len(recorded)
-    for tick, pins in c.checkpoints:
-        timeline.ring.checkpoints[int(tick)] = Checkpoint(int(tick), frozenset((p[0], int(p[1])) for p in pins),
-                                                          "trace", thinned=True)
+    try:
+        c = reader.contents
+        program = reader.program
+        program.initial = _LazyInitial(reader)
+        driver = TraceDriver(reader, recompute)
+        timeline = make_timeline(program, driver, TraceArchive(reader))
+        steps = [Step(unit, node, Edit(edit["value"], edit["offset"], bytes(edit["data"]),
+                                       edit.get("description", "")) if edit else None)
+                 for _tick, unit, node, edit in c.steps]
+        ran = {s.node for s in steps if s.node is not None}
+        recorded = len(steps)
+        steps += [Step(0, n.index) for n in program.nodes if n.index not in ran]
+        timeline.schedule = steps
+        timeline.node_tick = [0] * len(program.nodes)
+        for tick, step in enumerate(steps):
+            if step.node is not None:
+                timeline.node_tick[step.node] = tick
+        for row in c.writes:
+            timeline.log.append_row(row)
+            timeline.versions.setdefault(row[3], [INITIAL] if row[3] in timeline.initial else []).append(row[0])
+        timeline.frontier = recorded
+        for tick, pins in c.checkpoints:
+            timeline.ring.checkpoints[tick] = Checkpoint(tick, frozenset((p[0], p[1]) for p in pins), "trace",
+                                                         thinned=True)
+    except BaseException:
+        reader.close()
+        raise
+    if c.damaged and recorded < len(steps):
+        c.warnings.append(f"trace {reader.path.name}: the recording ends at tick {recorded} of {len(steps)}: it "
+                          f"was cut short ({c.damaged}); " + (f"later ticks run on {recompute.name}" if recompute else
+                                                              "later ticks need the device that recorded them"))
     return program, timeline, reader
 
 
-def _complete_steps(program: Program, steps: list, writes: list) -> list:
-    """The recorded steps up to the first whose writes did not all reach the file (a killed recording
-    can end between a step's frame and its writes' frames)."""
-    written: dict[int, set] = {}
-    for row in writes:
-        written.setdefault(int(row[0]), set()).add(row[3])
-    for i, (tick, _unit, node, edit) in enumerate(steps):
-        expected = {edit["value"]} if edit else set(program.nodes[node].outputs)
-        if not expected <= written.get(int(tick), set()):
-            return steps[:i]
-    return steps
-
-
-__all__ = ["begin", "record", "save", "open_trace", "KIND_NAMES"]
+__all__ = ["adopt_partial", "begin", "record", "save", "open_trace", "KIND_NAMES"]

@@ -5,6 +5,8 @@ runs the repair loop (provenance/repair_cli.py)."""
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 from dap_server import console
 from provenance import forensics_cli, repair_cli
@@ -22,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     debug.add_argument("--json", action="store_true", help="print one JSON object per command (for agents)")
     debug.add_argument("--trace", metavar="FILE", help="open a recorded trace instead: no device needed")
     debug.add_argument("--record", metavar="FILE", help="record every step of the run to a trace file")
+    debug.add_argument("--overwrite", action="store_true",
+                       help="with --record: replace an existing FILE (asked at a terminal, refused otherwise)")
     forensics = commands.add_parser("forensics", help="find, classify and fix a numerical problem in one shot",
                                     description=forensics_cli.__doc__.splitlines()[0])
     forensics_cli.add_arguments(forensics)
@@ -35,5 +39,15 @@ def main(argv: list[str] | None = None) -> int:
         return repair_cli.run(args)
     if (args.program is None) == (args.trace is None):
         parser.error("give a model file, or --trace FILE (not both)")
-    target = {"trace": args.trace} if args.trace else {"program": args.program, "record": args.record}
+    if args.overwrite and not args.record:
+        parser.error("--overwrite replaces an existing --record FILE: give --record too")
+    overwrite = args.overwrite
+    if args.record and not overwrite and os.path.isfile(args.record) and not os.path.islink(args.record):
+        interactive = sys.stdin.isatty() and not args.json and not args.script
+        if not (interactive and console.ask_yes_no(f"{args.record} exists: replace it? [y/N] ")):
+            print(f"rewind debug: {args.record} exists and is kept; --overwrite replaces it", file=sys.stderr)
+            return 2
+        overwrite = True
+    target = {"trace": args.trace} if args.trace else {"program": args.program, "record": args.record,
+                                                        "overwrite": overwrite or None}
     return console.run(target, args.driver, args.entry, args.script, args.json)

@@ -8,6 +8,7 @@ would. Commands read from a terminal (with history), from a script (`-x FILE`), 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from dap_server.console_experiments import EXPERIMENT_HELP, ExperimentCommands
 from dap_server.console_result import CommandError, Result
 
 HISTORY = Path.home() / ".rewind_history"
+_EXISTS = re.compile(r"exists; (send|set) overwrite")  # saveTrace's answer for an existing file
 PROMPT = "(rewind) "
 
 
@@ -45,6 +47,7 @@ class Console(ExperimentCommands):
         self.breakpoints: list[ConsoleBreakpoint] = []
         self._sources: dict[str, list[str]] = {}
         self.failures = 0
+        self.ask: Callable[[str], bool] | None = None  # a yes/no question to the user, at a terminal only
         self.commands: dict[str, Callable[[str], Result | None]] = {}
         for names, fn in [
             (("break", "b"), self.cmd_break), (("condition",), self.cmd_condition), (("delete",), self.cmd_delete),
@@ -306,9 +309,22 @@ class Console(ExperimentCommands):
         return Result(text or "no checkpoints", {"checkpoints": cps})
 
     def cmd_save(self, args: str) -> Result:
-        if not args:
-            raise CommandError("save needs a file: save FILE")
-        info = self.client.request("saveTrace", {"path": args})
+        """save FILE [--overwrite]: an existing FILE is replaced only with --overwrite, or when the user at
+        the terminal answers yes; from a script, a pipe or in --json mode it is kept and the command fails."""
+        path = re.sub(r"(^|\s)--overwrite(?=\s|$)", " ", args).strip()
+        overwrite = path != args.strip()
+        if not path:
+            raise CommandError("save needs a file: save FILE [--overwrite]")
+        try:
+            info = self.client.request("saveTrace", {"path": path, **({"overwrite": True} if overwrite else {})})
+        except DapError as exc:
+            if overwrite or not _EXISTS.search(exc.message):
+                raise
+            if self.ask is None:
+                raise CommandError(f"{path} exists and is kept; `save {path} --overwrite` replaces it") from None
+            if not self.ask(f"{path} exists: replace it? [y/N] "):
+                return Result(f"not saved: {path} is kept", {"saved": False, "path": path})
+            info = self.client.request("saveTrace", {"path": path, "overwrite": True})
         return Result(f"saved {info['ticks']} ticks to {info['path']} ({info['bytes']} bytes)", dict(info))
 
     def _source_line(self, path: str, line: int) -> str:
@@ -329,7 +345,8 @@ back [node] | rc        step back, reverse-continue
 goto FILE:LINE [N]      jump to the N-th time that line runs;  restore TICK: a checkpoint
 print EXPR | locals | where     inspect (safe expressions over tensors)
 locate NAME | prov NAME         where a value lives, who wrote it
-checkpoints | save FILE | quit    list checkpoints; save the run as a trace (open it: rewind debug --trace FILE)
+checkpoints | save FILE [--overwrite] | quit    list checkpoints; save the run as a trace (open it:
+                        rewind debug --trace FILE); an existing FILE is replaced only with --overwrite or a yes
 """ + EXPERIMENT_HELP
         return Result(text, {"commands": sorted(self.commands)})
 
@@ -348,6 +365,8 @@ checkpoints | save FILE | quit    list checkpoints; save the run as a trace (ope
         tty = stdin.isatty()
         if tty:
             _enable_history()
+            if not self.json_mode:
+                self.ask = ask_yes_no
         while True:
             try:
                 line = input(PROMPT) if tty else stdin.readline()
@@ -357,6 +376,14 @@ checkpoints | save FILE | quit    list checkpoints; save the run as a trace (ope
                 return
             except KeyboardInterrupt:  # Ctrl-C drops the line (a motion has already been paused), as in a shell
                 print(file=self.out)
+
+
+def ask_yes_no(question: str) -> bool:
+    """A question at the terminal; yes only when the answer is y or yes (end of input is no)."""
+    try:
+        return input(question).strip().lower() in ("y", "yes")
+    except EOFError:
+        return False
 
 
 def _enable_history() -> None:

@@ -64,6 +64,7 @@ class LaunchArguments(StrictArguments):
     program: str | None = None  # the model file; or `trace` instead
     trace: str | None = None  # open a recorded trace: no device needed (docs/trace-format.md)
     record: str | None = None  # record every step to this trace file while running
+    overwrite: bool = False  # with record: replace an existing file there (when the recording is closed)
     entry: str = "build"
     driver: str = "auto"  # auto, torch:cpu, torch:cuda, torch:cuda:N (the driver names its own errors)
     stopOnEntry: bool = False
@@ -81,6 +82,8 @@ class LaunchArguments(StrictArguments):
             raise ValueError("launch needs exactly one of 'program' (a model file) and 'trace' (a recorded trace)")
         if self.trace is not None and self.record is not None:
             raise ValueError("'record' records a running program; a trace opened with 'trace' is already recorded")
+        if self.overwrite and self.record is None:
+            raise ValueError("'overwrite' replaces an existing 'record' file: give 'record' too, or drop 'overwrite'")
         return self
 
     @property
@@ -95,7 +98,8 @@ class LaunchArguments(StrictArguments):
         return data
 
     def options(self) -> LaunchOptions:
-        return LaunchOptions(program=self.program or "", trace=self.trace, record=self.record, entry=self.entry,
+        return LaunchOptions(program=self.program or "", trace=self.trace, record=self.record,
+                             overwrite=self.overwrite, entry=self.entry,
                              driver=self.driver, budget_mb=self.checkpoint.budgetMB, every=self.checkpoint.every,
                              host_mb=self.checkpoint.hostMB, disk_mb=self.checkpoint.diskMB,
                              spill_dir=self.checkpoint.spillDir,
@@ -105,7 +109,9 @@ class LaunchArguments(StrictArguments):
 
 
 @request("launch")
-def launch(adapter: "Adapter", args: LaunchArguments) -> None:
+def launch(adapter: "Adapter", args: LaunchArguments) -> dict | None:
+    """Load the program, or open the trace; the answer's `notes` say what the user should know about what was
+    opened (a trace whose recording was cut short: where it ends)."""
     if adapter.launched:
         raise RewindError("a program is already loaded in this session: restart it, or disconnect and launch")
     with adapter.events.progress(f"Loading {args.source}", cancellable=False):
@@ -113,6 +119,8 @@ def launch(adapter: "Adapter", args: LaunchArguments) -> None:
     adapter.launched = True
     changed_line_breakpoints(adapter)
     adapter.emit("initialized", None)
+    notes = list(getattr(adapter.session, "launch_notes", None) or [])
+    return {"notes": notes} if notes else None
 
 
 class ConfigurationDoneArguments(Arguments):

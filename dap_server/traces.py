@@ -1,11 +1,16 @@
 """saveTrace: write the recorded run to a trace file, to debug it later without the device
-(launch with `trace`, or the language server's `trace` option). See docs/trace-format.md."""
+(launch with `trace`, or the language server's `trace` option). See docs/trace-format.md.
+
+The file appears whole or not at all; an existing file is replaced only with `overwrite: true`, and
+never a link, a folder, a FIFO or device, nor the trace the session has open (checkpoint/safe_files.py)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from checkpoint.safe_files import TargetExists
 from dap_server.requests import StrictArguments, request
+from hardware.errors import RewindError
 
 if TYPE_CHECKING:
     from dap_server.adapter import Adapter
@@ -13,10 +18,20 @@ if TYPE_CHECKING:
 
 class SaveTraceArguments(StrictArguments):
     path: str
+    overwrite: bool = False  # replace an existing file at `path`
+
+
+def exists_message(command: str, path: str) -> str:
+    return f"{command}: {path} exists; send overwrite: true to replace it"
 
 
 @request("saveTrace")
 def save_trace(adapter: "Adapter", args: SaveTraceArguments) -> dict:
     adapter.require_launched()
-    with adapter.events.progress(f"Saving the trace to {args.path}", cancellable=False):
-        return adapter.session.save_trace(args.path)
+    try:
+        with adapter.events.progress(f"Saving the trace to {args.path}", cancellable=False):
+            return adapter.session.save_trace(args.path, overwrite=args.overwrite)
+    except TargetExists:
+        raise RewindError(exists_message("saveTrace", args.path)) from None
+    except RewindError as exc:
+        raise RewindError(f"saveTrace: {exc}") from None

@@ -12,6 +12,7 @@ import json
 import sys
 import warnings
 
+from checkpoint.safe_files import TargetExists, check_target
 from hardware.errors import RewindError
 from hardware.session import LaunchOptions, Session
 from provenance.ablation import DEFAULT_MAX_TRIALS
@@ -27,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-ablate", action="store_true", help="skip the search for a precision fix")
     parser.add_argument("--max-trials", type=int, default=DEFAULT_MAX_TRIALS, help="ablation trials at most")
     parser.add_argument("--save-reference", metavar="PATH", help="also save the reference's values to PATH")
+    parser.add_argument("--overwrite", action="store_true", help="with --save-reference: replace an existing PATH")
 
 
 def add_pass_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,10 +55,15 @@ def launch(args: argparse.Namespace) -> Session:
 def run(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)
     try:
+        if args.save_reference:
+            check_target(args.save_reference, args.overwrite)  # refused before the run, not after
         session = launch(args)
         found = investigate(session, ablate=not args.no_ablate, max_trials=args.max_trials)
         if args.save_reference:
-            save_values(session.forensics.reference, args.save_reference)
+            save_values(session.forensics.reference, args.save_reference, args.overwrite)
+    except TargetExists:
+        print(f"rewind forensics: {args.save_reference} exists and is kept; --overwrite replaces it", file=sys.stderr)
+        return EXIT_ERROR
     except RewindError as exc:
         print(f"rewind forensics: {exc}", file=sys.stderr)
         return EXIT_ERROR

@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from checkpoint.safe_files import atomic_write, check_target
 from checkpoint.timeline import Timeline
 from checkpoint.trace import MAGIC
 from hardware.driver import open_driver
@@ -115,10 +116,14 @@ def _check_same_program(spec: str, program: Program, recorded: dict) -> None:
                               f"this program has {what}")
 
 
-def save_values(reference: Reference, path: str) -> int:
-    """Save the reference's value of every node output, to be a reference for later runs (no recomputation)."""
+def save_values(reference: Reference, path: str, overwrite: bool = False) -> int:
+    """Save the reference's value of every node output, to be a reference for later runs (no recomputation).
+    The file appears whole or not at all; an existing file is replaced only with `overwrite`
+    (checkpoint/safe_files.py)."""
     program = reference.program
+    check_target(path, overwrite)  # before computing every value: a refusal costs nothing
     values = {info.name: reference.value(info.name).clone() for info in program.values.values()
               if info.producer is not None}
-    torch.save({"format": VALUES_FORMAT, "program": program.name, "values": values}, path)
+    with atomic_write(path, overwrite) as f:
+        torch.save({"format": VALUES_FORMAT, "program": program.name, "values": values}, f)
     return len(values)

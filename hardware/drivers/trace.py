@@ -32,8 +32,7 @@ class TraceArchive:
         return key in self.reader.contents.versions
 
     def load(self, key: tuple[str, int]) -> Any | None:
-        offset = self.reader.contents.versions.get(key)
-        return None if offset is None else self.reader.tensor_at(offset)
+        return self.reader.version(*key)
 
 
 class _LazyInitial(Mapping):
@@ -45,10 +44,9 @@ class _LazyInitial(Mapping):
 
     def __getitem__(self, name: str) -> Any:
         if name not in self._loaded:
-            offset = self.reader.contents.initial.get(name)
-            if offset is None:
-                raise KeyError(name)
-            self._loaded[name] = self.reader.tensor_at(offset)
+            if name not in self.reader.contents.initial:
+                raise KeyError(name)  # the Mapping protocol: `in` and .get() rely on it
+            self._loaded[name] = self.reader.initial_value(name)
         return self._loaded[name]
 
     def __setitem__(self, name: str, tensor: Any) -> None:
@@ -66,10 +64,10 @@ class TraceDriver(TorchDriver):
         super().__init__(torch.device("cpu"))
         self.reader = reader
         self.recompute = recompute
-        meta = reader.contents.meta
-        self.name = f"trace of {meta.get('driver', 'an unknown driver')}"
-        self.chip_name = meta.get("chip", "recorded chip")
-        self.units = [str(u) for u in meta.get("units", ["host"])]
+        meta = reader.contents.meta  # checked by the reader: names are text, locations well formed
+        self.name = f"trace of {_printable(meta.get('driver', 'an unknown driver'))}"  # shown, never opened
+        self.chip_name = _printable(meta.get("chip", "recorded chip"))
+        self.units = [_printable(u) for u in meta.get("units", ["host"])]
         self.recorded_initial_locations = meta.get("initial_locations", {})
 
     def describe(self) -> Chip:
@@ -95,6 +93,11 @@ class TraceDriver(TorchDriver):
             return None
         return Location(loc["chip"], loc["unit"], loc["space"], loc["address"], loc["nbytes"], loc["dtype"],
                         tuple(loc["shape"]), tuple(loc["strides"]))
+
+
+def _printable(name: str) -> str:
+    """A name read from a trace, as it may be shown: control characters become '?'."""
+    return "".join(ch if ch.isprintable() else "?" for ch in str(name)[:200])
 
 
 def _is_view_op(node: Node) -> bool:
