@@ -391,7 +391,7 @@ class Timeline:
                 return self.driver.execute(node, args, kwargs)
             outputs = patch.run(self.driver, node, args, kwargs)
         except Exception as exc:
-            raise RewindError(f"{node.describe()} failed on {self.driver.name}: {type(exc).__name__}: {exc}") from exc
+            raise RewindError(f"{node.describe()} failed on {self.driver.name}: {exc}") from exc
         return self._patched_outputs(node, patch, outputs)
 
     def _patched_outputs(self, node: Node, patch: Patch, outputs: list[Any]) -> list[Any]:

@@ -20,14 +20,13 @@ if TYPE_CHECKING:
 
 MAIN_THREAD = 1  # DAP thread id of unit 0; unit i is thread i + 1
 PROGRESS_DELAY_S = 0.5
-_progress_ids = itertools.count(1)
 
 
 class Progress:
     """progressStart/Update/End for one piece of work; starts once the work has run PROGRESS_DELAY_S."""
 
-    def __init__(self, emit: Callable[[str, dict], None], title: str, cancellable: bool):
-        self.id = f"rewind-progress-{next(_progress_ids)}"
+    def __init__(self, emit: Callable[[str, dict], None], title: str, cancellable: bool, number: int):
+        self.id = f"rewind-progress-{number}"  # `number`: the session's count of its progress reports
         self.cancellable = cancellable
         self._emit, self._title = emit, title
         self._lock = threading.Lock()
@@ -70,6 +69,7 @@ class SessionEvents:
     def __init__(self, adapter: "Adapter"):
         self.adapter = adapter
         self.current: Progress | None = None
+        self._progress_numbers = itertools.count(1)  # this session's own: ids start at 1 in every session
 
     def __call__(self, event: SessionEvent) -> None:
         body, emit = event.body, self.adapter.emit
@@ -83,6 +83,8 @@ class SessionEvents:
                 self.current.update(body["message"], body.get("percentage"))
         elif event.kind == "invalidated":
             self.invalidate(*body["areas"])
+        elif event.kind == "recording":  # for the front: it keeps the recording if this engine dies
+            self.adapter.notify("recording", body)
         # "nondeterminism" arrives together with an output event that says it in words.
 
     def invalidate(self, *areas: str) -> None:
@@ -108,7 +110,7 @@ class SessionEvents:
         if not self.adapter.client.progress:
             yield None
             return
-        self.current = Progress(self.adapter.emit, title, cancellable)
+        self.current = Progress(self.adapter.emit, title, cancellable, next(self._progress_numbers))
         try:
             yield self.current
         finally:

@@ -22,6 +22,8 @@ MAX_LENGTH_DIGITS = 12  # a longer Content-Length is no size at all (Python refu
 MAX_NESTING = 64  # DAP messages nest a few levels; deeper JSON is refused before anything walks it
 _HEADER_END = b"\r\n\r\n"
 _CONTENT_LENGTH = re.compile(rb"content-length[ \t]*:[ \t]*([^\r\n]*)", re.IGNORECASE)
+_NEXT_HEADER = re.compile(rb"content-length[ \t]*:[ \t]*\d{1,12}[ \t]*\r\n(?:[A-Za-z0-9-]+[ \t]*:[^\r\n]*\r\n)*\r\n",
+                          re.IGNORECASE)
 _HEADER_LINE = re.compile(rb"^[A-Za-z0-9-]+[ \t]*:[^\r\n]*$")
 
 
@@ -41,6 +43,8 @@ class MessageReader:
         self._body_length: int | None = None
         self._skip = 0  # bytes of an oversized body still to discard
         self._resyncing = False  # after an error, junk before the next header is expected, not reported again
+        self._scanned = 0  # how much of an unfinished body was searched for a header already
+        self._skip_declared = 0  # the Content-Length of the oversized message being skipped
 
     @property
     def partial(self) -> bool:
@@ -56,6 +60,8 @@ class MessageReader:
         return out
 
     def _next(self) -> dict[str, Any] | FramingError | None:
+        if (self._skip or self._body_length is not None) and (cut := self._cut_short()) is not None:
+            return cut
         if self._skip:
             n = min(self._skip, len(self._buffer))
             del self._buffer[:n]
@@ -70,6 +76,22 @@ class MessageReader:
         del self._buffer[: self._body_length]
         self._body_length = None
         return decode(body)
+
+    def _cut_short(self) -> FramingError | None:
+        """A message header where a body's bytes were expected: the body was shorter than its Content-Length
+        said (a JSON text never holds a raw header line), so reading resumes at that header. Only bytes not
+        searched before are searched."""
+        expected = self._skip or self._body_length or 0
+        end = min(len(self._buffer), expected)
+        match = _NEXT_HEADER.search(self._buffer, max(0, self._scanned - 64), end)
+        self._scanned = 0 if self._skip else end  # a skipped body's bytes are dropped as they come
+        if match is None:
+            return None
+        declared = self._skip_declared if self._skip else self._body_length
+        del self._buffer[: match.start()]
+        self._skip, self._body_length, self._scanned = 0, None, 0
+        return FramingError(f"a message ended before the {declared} bytes its Content-Length announced: it was "
+                            "discarded and reading went on at the next header")
 
     def _read_header(self) -> FramingError | None:
         end = self._buffer.find(_HEADER_END)
@@ -91,8 +113,9 @@ class MessageReader:
             return self._error(f"a Content-Length of {len(value)} digits is not a message size: the header was "
                                "discarded")
         length = int(value)
+        self._scanned = 0
         if length > self.max_bytes:
-            self._skip = length
+            self._skip = self._skip_declared = length
             return self._error(f"a message of {length} bytes exceeds the {self.max_bytes // 2**20} MiB limit "
                                "and was skipped")
         self._body_length = length

@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import hmac
 import ipaddress
+import json
 import logging
 import os
 import shutil
@@ -76,7 +77,7 @@ class ClientConnection:
         self.authenticated = options.token is None
         self.initialized = False
         self.engine: EngineLink | InProcessEngine | None = None
-        self.initialize_request: dict | None = None  # replayed to a fresh engine after one died
+        self.configuration = Configuration()  # replayed to a fresh engine after one ended
         self._seq = 0
         self.done = asyncio.Event()
 
@@ -158,19 +159,19 @@ class ClientConnection:
             if isinstance(arguments, dict):
                 message = {**message, "arguments": {k: v for k, v in arguments.items() if k != "rewindToken"}}
             self.initialized = True
-            self.initialize_request = message
         if command == "launch":
             message = _reopening(message)
+        self.configuration.remember(message)
         if self.engine is None or self.engine.ended is not None:
             if not await self._engine_for(message):
                 return
         self.engine.forward(message)
 
     async def _engine_for(self, message: dict[str, Any]) -> bool:
-        """An engine to take `message`: the first one, or a fresh one for a launch after the last one ended.
-        Other requests after an engine ended are answered here."""
+        """An engine to take `message`: the first one, or a fresh one for a `launch` or a `restart` after the
+        last one ended. Other requests after an engine ended are answered here."""
         command, ended = message["command"], self.engine.ended if self.engine is not None else None
-        if ended is not None and command != "launch":
+        if ended is not None and command not in ("launch", "restart"):
             if command in _STOPPING:
                 self.respond(message, None)
                 if command == "disconnect":
@@ -181,10 +182,14 @@ class ClientConnection:
                 self.respond_error(message, f"this debug session has ended ({ended}); send 'launch' to start "
                                             "a new one")
             return False
+        kept = getattr(self.engine, "kept", None)
         self.engine = InProcessEngine(self) if self.options.in_process else EngineLink(self)
         await self.engine.start()
-        if ended is not None and self.initialize_request is not None:
-            self.engine.forward(self.initialize_request, answer=False)
+        if ended is not None:
+            for silent in self.configuration.replay(restart=message if command == "restart" else None, kept=kept):
+                self.engine.forward(silent, answer=False)
+            if command == "restart":  # the engine is launched again: the restart runs it from tick 0
+                message.pop("arguments", None)
         return True
 
     def _token_matches(self, message: dict[str, Any]) -> bool:
@@ -219,6 +224,52 @@ class ClientConnection:
             self.respond_error({"seq": error.seq, "command": error.command or ""}, error.message)
         else:
             self.send_event("output", {"category": "important", "output": f"Rewind refused a message: {error.message}\n"})
+
+
+_CONFIGURING = ("setBreakpoints", "setFunctionBreakpoints", "setExceptionBreakpoints", "setDataBreakpoints",
+                "setInstructionBreakpoints")
+
+
+class Configuration:
+    """How the client set its session up (initialize, launch, the latest breakpoints of each kind), so that a
+    fresh engine can be brought back to it when the client restarts a session whose engine ended."""
+
+    def __init__(self) -> None:
+        self.initialize: dict | None = None
+        self.launch: dict | None = None
+        self.breakpoints: dict[Any, dict] = {}
+        self._seq = 0
+
+    def remember(self, message: dict[str, Any]) -> None:
+        command, arguments = message["command"], message.get("arguments")
+        if command == "initialize":
+            self.initialize = message
+        elif command == "launch":
+            self.launch, self.breakpoints = message, {}
+        elif command in _CONFIGURING:
+            source = arguments.get("source") if isinstance(arguments, dict) else None
+            key = (command, source.get("path") if isinstance(source, dict) else None)
+            self.breakpoints[key] = message
+
+    def replay(self, restart: dict | None, kept: str | None) -> list[dict[str, Any]]:
+        """Requests (numbered below zero: the client never sees their answers) that bring a fresh engine to
+        where the client left its session: initialized; for a restart also launched (opening the recording
+        `kept` the last engine left, if any) with the same breakpoints."""
+        out = [self.initialize] if self.initialize is not None else []
+        if restart is not None:
+            arguments = restart.get("arguments")
+            launch = arguments.get("arguments") if isinstance(arguments, dict) else None
+            if not isinstance(launch, dict):
+                launch = (self.launch or {}).get("arguments") or {}
+            if kept is not None:
+                launch = {**launch, "__restart": {"trace": kept}}
+            out.append(_reopening({"seq": 0, "type": "request", "command": "launch", "arguments": launch}))
+            out += self.breakpoints.values()
+        numbered = []
+        for message in out:
+            self._seq -= 1
+            numbered.append({**message, "seq": self._seq})
+        return numbered
 
 
 def _reopening(message: dict[str, Any]) -> dict[str, Any]:
@@ -271,6 +322,8 @@ class EngineLink:
         self.stop_reason: str | None = None  # set when the front stops the engine itself
         self.terminated_sent = False
         self.closing = False
+        self.kept: str | None = None  # the recording this engine left when it ended
+        self.quiet_initialized = 0  # `initialized` events of silent launches, not for the client
 
     async def start(self) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
@@ -285,6 +338,7 @@ class EngineLink:
         self.pending[seq] = command
         if not answer:
             self.silent.add(seq)
+            self.quiet_initialized += command == "launch"
         if command in _STOPPING:
             self._watch([seq], f"the engine did not answer '{command}' within {self.grace:g} s")
         elif command == "pause" or (command == "cancel" and self._cancels_loading(message)):
@@ -350,7 +404,14 @@ class EngineLink:
             self.pending.pop(item.request_seq, None)
             if item.request_seq in self.silent:
                 self.silent.discard(item.request_seq)
+                if b'"success":false' in item.json:  # the client must hear why its session did not come back
+                    self.connection.send_event("output", {"category": "important", "output": (
+                        f"Rewind could not bring the session back ({item.command}): "
+                        f"{json.loads(item.json).get('message', '')}\n")})
                 return
+        if item.kind == "event" and item.event == "initialized" and self.quiet_initialized:
+            self.quiet_initialized -= 1
+            return
         if item.kind == "event" and item.event == "terminated":
             self.terminated_sent = True
         self.connection.send_json(item.json)
@@ -376,7 +437,7 @@ class EngineLink:
         self.pending.clear()
         if self.connection.done.is_set():
             return
-        kept = self._keep_recording()
+        self.kept = kept = self._keep_recording()
         note = (f" The recording up to that point is in {kept}: restart the session to open it at its last "
                 f"complete step, or run `rewind debug --trace {kept}`." if kept else "")
         self.connection.send_event("output", {"category": "important",

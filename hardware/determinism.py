@@ -5,11 +5,15 @@ if the kernels are deterministic: cuBLAS needs a fixed workspace configuration (
 first creates a handle), cuDNN must not pick algorithms by timing, and torch must choose its
 deterministic kernels. An op torch knows has none is reported the first time it runs; what
 torch does not know about, the digest check catches.
+
+The settings are process-wide: a driver holds them while it is open and they are given back,
+as they were before, when the last driver holding them lets go (a Session lets go at close).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -62,12 +66,47 @@ def apply(settings: Determinism) -> None:
         os.environ[CUBLAS_WORKSPACE] = settings.cublas_workspace
 
 
-def make_deterministic() -> tuple[Determinism, list[str]]:
-    """Switch torch to its deterministic kernels, process-wide. Returns the settings replaced (to `apply` them
-    back) and warnings about what could not take effect."""
-    before = current()
-    workspace = before.cublas_workspace if before.cublas_workspace in CUBLAS_DETERMINISTIC else CUBLAS_DETERMINISTIC[0]
-    apply(Determinism(True, True, False, True, False, workspace))
+# Who holds the settings. Each deterministic driver holds them while it lives, and several can be alive in one
+# process: a Session's and its forensics reference pass's, or two Sessions' (a notebook, a test run). The rule:
+# the first holder records the settings it found, later holders join, and the recorded settings are put back
+# when the last holder lets go, whatever the order they let go in. A setting changed by hand while some holder
+# is alive is overwritten then.
+_lock = threading.RLock()  # a collected driver releases from wherever the collector runs: maybe inside the lock
+_holders = 0
+_found: Determinism | None = None  # the settings before the first of the current holders
+
+
+class Hold:
+    """One holder's claim on the deterministic settings; `release` lets go (once; again does nothing)."""
+
+    def __init__(self, replaced: Determinism, caveats: list[str]):
+        self.replaced = replaced  # the settings this holder found (an earlier holder's, when there was one)
+        self.caveats = caveats  # what could not take effect
+        self.released = False
+
+    def release(self) -> None:
+        global _holders, _found
+        with _lock:
+            if self.released:
+                return
+            self.released = True
+            _holders -= 1
+            if _holders == 0 and _found is not None:
+                apply(_found)
+                _found = None
+
+
+def make_deterministic() -> Hold:
+    """Switch torch to its deterministic kernels, process-wide, until the returned hold (and every other one)
+    is released. The hold carries warnings about what could not take effect."""
+    global _holders, _found
+    with _lock:
+        _holders += 1  # first: a release meanwhile (a collected driver's) cannot give the settings back under us
+        before = current()
+        if _holders == 1:
+            _found = before
+        workspace = before.cublas_workspace if before.cublas_workspace in CUBLAS_DETERMINISTIC else CUBLAS_DETERMINISTIC[0]
+        apply(Determinism(True, True, False, True, False, workspace))
     caveats = []
     if before.cublas_workspace not in (None, workspace):
         caveats.append(f"{CUBLAS_WORKSPACE}={before.cublas_workspace} is not deterministic: replaced by {workspace} "
@@ -75,7 +114,7 @@ def make_deterministic() -> tuple[Determinism, list[str]]:
     if before.cublas_workspace != workspace and torch.cuda.is_available() and torch.cuda.is_initialized():
         caveats.append(f"{CUBLAS_WORKSPACE} was set after CUDA started: torch reads it once, at its first cuBLAS "
                        "call, and a handle created before may keep its workspace (set it before the process uses CUDA)")
-    return before, caveats
+    return Hold(before, caveats)
 
 
 class OpWatch:

@@ -1,5 +1,8 @@
 """Errors every surface shows to the user. Each names its cause in plain words."""
 
+import os
+import traceback
+
 
 class RewindError(Exception):
     """Base class: a problem the user can act on (bad input, unsupported op, ...)."""
@@ -23,3 +26,12 @@ class NotStoppedError(RewindError):
 
 class ExpressionError(RewindError):
     """An expression (condition, watch, evaluate) is invalid or refused."""
+
+
+def raised_in_user_code(exc: BaseException, file: str | os.PathLike) -> str:
+    """What the user's own code raised, in words: its message and the line of their file it came from
+    (a class name is Python's vocabulary, not the user's problem)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    theirs = [f for f in frames if os.path.realpath(f.filename) == os.path.realpath(file)] or frames[-1:]
+    where = f" (at {os.path.basename(theirs[-1].filename)}:{theirs[-1].lineno})" if theirs else ""
+    return (str(exc).strip() or "an error without a message") + where

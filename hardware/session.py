@@ -15,8 +15,10 @@ This file holds its lifecycle (launch, traces, close) and state; the rest is by 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
@@ -25,7 +27,7 @@ from checkpoint.tiers import DiskTier, HostTier
 from checkpoint.timeline import Tick, Timeline
 from hardware.breakpoints import Breakpoint, BreakpointTable
 from hardware.driver import open_driver
-from hardware.errors import NotStoppedError
+from hardware.errors import NotStoppedError, RewindError
 from hardware.events import SessionEvent
 from hardware.exception_filters import ExceptionDetails, ExceptionFilters
 from hardware.inspection import FrameInfo, Inspection
@@ -33,6 +35,9 @@ from hardware.instruction_level import InstructionLevel
 from hardware.motion import Direction, Motion, Stop
 from hardware.program import Program
 from hardware.source_names import Assignment, assignments
+
+# Sessions launched and not closed yet (a Session dropped unclosed leaves when collected).
+_OPEN: "weakref.WeakSet[Session]" = weakref.WeakSet()
 
 __all__ = ["Direction", "ExceptionDetails", "FrameInfo", "LaunchOptions", "Session", "SessionEvent", "Stop"]
 
@@ -51,6 +56,7 @@ class LaunchOptions:
     check_batch: int | None = None  # writes whose on-device checks are read back together; None: the driver's
     device_pool: bool | None = None  # copy checkpoints into a preallocated device pool; None: on a GPU
     record: str | None = None  # record continuously to this trace file
+    overwrite: bool = False  # record: replace an existing file at `record` (when the recording is closed)
     trace: str | None = None  # open this trace instead of running a program
     reference: str | None = None  # forensics: torch:cpu:float64 (the default), a trace, or saved values
     rtol: float | None = None  # tolerances against the reference; None: the dtype's default
@@ -91,11 +97,14 @@ class Session(Motion, Inspection, InstructionLevel):
         from hardware.frontends.torch_export import load_program
 
         self.close()  # a relaunch (restart with new arguments) finishes the previous run's recording
+        _OPEN.add(self)
         self.options = options
+        self.launch_notes: list[str] = []  # what the launch's answer tells the user (a trace cut short)
         if options.trace:
             recompute = open_driver(options.driver) if options.driver != "auto" else None
             self.program, self.timeline, reader = recording.open_trace(options.trace, self._make_timeline, recompute)
             self.trace_reader = reader
+            self.launch_notes = list(reader.contents.warnings)
             for warning in reader.contents.warnings:
                 self.on_event(SessionEvent("output", {"category": "important", "text": warning + "\n"}))
         else:
@@ -105,7 +114,10 @@ class Session(Motion, Inspection, InstructionLevel):
             self.program = program or load_program(options.program, options.entry)
             self.timeline = self._make_timeline(self.program, driver, None)
             if options.record:
-                recording.record(self.timeline, options.record)
+                self._recorder = recording.record(self.timeline, options.record, options.overwrite,
+                                                  self._files_in_use(), on_error=self._report_recording_error)
+                self.on_event(SessionEvent("recording", {"partial": str(self._recorder.partial_path),
+                                                         "target": str(self._recorder.target_path)}))
         self._attach_cursor()
         self._assignments: list[Assignment] = assignments(self.program)
         self.breakpoints.bind_lines()
@@ -120,8 +132,11 @@ class Session(Motion, Inspection, InstructionLevel):
                         on_nondeterminism=self._report_nondeterminism, tiers=tiers, archive=archive,
                         check_batch=o.check_batch, device_pool=o.device_pool)
 
-    def save_trace(self, path: str) -> dict:
-        """Write the whole recorded run to `path` (values evicted from the ring are recomputed)."""
+    def save_trace(self, path: str, overwrite: bool = False) -> dict:
+        """Write the whole recorded run to `path` (values evicted from the ring are recomputed). The file
+        appears whole or not at all; an existing file is replaced only with `overwrite`, and never the
+        trace this session has open, the file it records to, or the program's sources
+        (checkpoint/safe_files.py says what else is refused)."""
         tl = self.tl
         started = time.monotonic()
 
@@ -129,16 +144,56 @@ class Session(Motion, Inspection, InstructionLevel):
             if time.monotonic() - started > 0.5:
                 self.on_event(SessionEvent("progress", {"message": f"saving tick {done} of {total}",
                                                         "percentage": 100.0 * done / max(total, 1)}))
-        writer = recording.save(tl, path, progress)
+        writer = recording.save(tl, path, progress, overwrite, self._files_in_use())
         return {"path": str(writer.path), "bytes": writer.size, "ticks": tl.frontier, "rawBytes": writer.bytes_raw}
 
+    def _files_in_use(self) -> dict[str, str]:
+        """Files this session reads or writes, which a save or a recording must never replace."""
+        used: dict[str, str] = {}
+        reader = getattr(self, "trace_reader", None)
+        if reader is not None:
+            used[str(reader.path)] = "the trace this session has open"
+        recorder = getattr(self, "_recorder", None)
+        if recorder is not None and not recorder.closed:
+            used[str(recorder.target_path)] = "the file this session is recording to"
+            used[str(recorder.partial_path)] = "this session's recording in progress"
+        o = self.options
+        if o is not None and o.reference and os.path.isfile(o.reference):
+            used[o.reference] = "the reference this session compares against"
+        if o is not None and o.program:
+            used[o.program] = "the program being debugged"
+        for source in (self.program.source_files if self.program is not None else ()):
+            used.setdefault(source, "a source file of the program being debugged")
+        return used
+
+    def _report_recording_error(self, message: str) -> None:
+        self.on_event(SessionEvent("output", {"category": "important", "text": message + "\n"}))
+
     def close(self) -> None:
-        """End the session: finish a recording (index and footer) and free spill files."""
+        """End the session: finish a recording (index and footer), free spill files, and give back the
+        process-wide state it changed. torch's determinism settings go back to what they were when the last
+        driver holding them lets go (hardware/determinism.py), whatever order Sessions close in; the fix
+        sources registered with linecache are dropped when the last open Session closes."""
+        from provenance.fixes import forget_sources
+
+        _OPEN.discard(self)
+        if not _OPEN:
+            forget_sources()
         tl = self.timeline
         if tl is None:
             return
-        if tl.recorder is not None:
-            tl.recorder.close()
+        for driver in (tl.driver, getattr(tl.driver, "recompute", None)):  # a trace's recompute driver
+            hold = getattr(driver, "determinism", None)
+            if hold is not None:
+                hold.release()
+        # their reference pass's driver holds the settings too: it lets go when collected
+        self._forensics = self._experiments = None
+        recorder, self._recorder = getattr(self, "_recorder", None), None
+        if recorder is not None:  # this session's own: a branch holds the Timeline's aside while installed
+            try:
+                recorder.close()  # moves the recording onto its file
+            except RewindError as exc:  # kept where it was written; say where
+                self._report_recording_error(str(exc))
         if tl.tiers is not None:
             tl.tiers.close()
         reader = getattr(self, "trace_reader", None)

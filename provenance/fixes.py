@@ -29,7 +29,7 @@ from typing import Any, Callable
 import torch
 
 from checkpoint.branch import AttributePatch, EditPatch, FunctionPatch, Patch, PrecisionPatch
-from hardware.errors import RewindError
+from hardware.errors import RewindError, raised_in_user_code
 from hardware.program import Program
 from provenance.experiments import NamedPatch, nodes_named
 
@@ -107,9 +107,14 @@ def floating_dtype(name: str) -> str:
     return name
 
 
+# The fix sources registered with linecache, by file: the same file (a pseudo file is named by its text's hash)
+# replaces its entry, and the last open Session's close drops them all (forget_sources).
+_SOURCES: dict[str, tuple] = {}
+
+
 def run_module(text: str, file: str, guard: Guard | None = None) -> dict[str, Any]:
     """Execute a fix's module text (registered for tracebacks and inspect) and return its namespace."""
-    linecache.cache[file] = (len(text), None, text.splitlines(True), file)
+    linecache.cache[file] = _SOURCES[file] = (len(text), None, text.splitlines(True), file)
     try:
         code = compile(text, file, "exec")
     except SyntaxError as exc:
@@ -122,8 +127,16 @@ def run_module(text: str, file: str, guard: Guard | None = None) -> dict[str, An
     except RewindError:
         raise
     except Exception as exc:
-        raise RewindError(f"running {file} failed: {type(exc).__name__}: {exc}") from exc
+        raise RewindError(f"running {file} failed: {raised_in_user_code(exc, file)}") from exc
     return module.__dict__
+
+
+def forget_sources() -> None:
+    """Drop the fix sources run_module registered with linecache (an entry someone else put there since stays)."""
+    for file, entry in list(_SOURCES.items()):
+        if linecache.cache.get(file) is entry:
+            del linecache.cache[file]
+    _SOURCES.clear()
 
 
 def function_from(source: FunctionSource, guard: Guard | None = None) -> Callable[..., Any]:

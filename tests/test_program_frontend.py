@@ -38,7 +38,7 @@ def test_parameters_buffers_and_inputs_are_values():
     ("not_callable", "is not callable"),
     ("returns_module_only", "must return (torch.nn.Module, tuple_of_inputs)"),
     ("returns_wrong_inputs", "tuple belongs"),
-    ("raises", "ValueError: weights file missing"),
+    ("raises", "failed: weights file missing (at bad_models.py:"),
 ])
 def test_bad_entry_names_the_cause(entry, message):
     with pytest.raises(ProgramLoadError) as err:

@@ -7,13 +7,14 @@ import functools
 import os
 import time
 import sys
+import weakref
 from dataclasses import replace
 from typing import Any
 
 import torch
 
 from checkpoint.device_pool import DevicePool
-from hardware.determinism import OpWatch, make_deterministic
+from hardware.determinism import Hold, OpWatch, make_deterministic
 from hardware.driver import Chip, ChecksReadback, Driver, MemorySpace, Unit, WriteStats
 from hardware.drivers import torch_checks
 from hardware.drivers.cuda_allocator import block_at
@@ -61,9 +62,13 @@ class TorchDriver(Driver):
         self._queued = on_gpu  # the device runs what the host queued later: its own events time a node
         self.watch: OpWatch | None = None  # set while deterministic: reports the ops that are not
         self.caveats: list[str] = []
+        self.determinism: Hold | None = None  # released by the Session's close, or when the driver is collected
         if on_gpu if deterministic is None else deterministic:
-            self.replaced, self.caveats = make_deterministic()  # `replaced`: the settings to restore
-            self.watch = OpWatch(self._report_nondeterministic)
+            self.determinism = make_deterministic()
+            self.replaced, self.caveats = self.determinism.replaced, self.determinism.caveats
+            weakref.finalize(self, self.determinism.release)  # a driver no Session closes (a reference pass's)
+            report = weakref.WeakMethod(self._report_nondeterministic)  # no cycle: the driver is freed when dropped
+            self.watch = OpWatch(lambda op, kernel: report()(op, kernel))
 
     @classmethod
     def from_spec(cls, spec: str) -> "TorchDriver":

@@ -14,14 +14,15 @@ import re
 import sys
 import sysconfig
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from hardware.errors import ProgramLoadError
+from hardware.errors import ProgramLoadError, raised_in_user_code
 from hardware.program import Frame, Node, Program, Ref, SourceLoc, ValueInfo
 
 _FRAME_RE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>[^\s]+)')
@@ -42,22 +43,20 @@ def load_module(path: str | os.PathLike, entry: str = "build") -> tuple[torch.nn
     if spec is None or spec.loader is None:
         raise ProgramLoadError(f"cannot import {file}: not a Python source file")
     module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(file.parent.resolve()))
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        raise ProgramLoadError(f"importing {file} failed: {type(exc).__name__}: {exc}") from exc
-    finally:
-        sys.path.pop(0)
-    fn = getattr(module, entry, None)
-    if fn is None:
-        raise ProgramLoadError(f"{file} defines no '{entry}' (the entry that returns (module, inputs))")
-    if not callable(fn):
-        raise ProgramLoadError(f"'{entry}' in {file} is not callable")
-    try:
-        result = fn()
-    except Exception as exc:
-        raise ProgramLoadError(f"calling {entry}() in {file} failed: {type(exc).__name__}: {exc}") from exc
+    with _importing_from(file.parent):
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            raise ProgramLoadError(f"importing {file} failed: {raised_in_user_code(exc, file)}") from exc
+        fn = getattr(module, entry, None)
+        if fn is None:
+            raise ProgramLoadError(f"{file} defines no '{entry}' (the entry that returns (module, inputs))")
+        if not callable(fn):
+            raise ProgramLoadError(f"'{entry}' in {file} is not callable")
+        try:
+            result = fn()  # may import too: with the file's folder still on sys.path
+        except Exception as exc:
+            raise ProgramLoadError(f"calling {entry}() in {file} failed: {raised_in_user_code(exc, file)}") from exc
     if not (isinstance(result, tuple) and len(result) == 2):
         raise ProgramLoadError(
             f"{entry}() in {file} must return (torch.nn.Module, tuple_of_inputs), got {type(result).__name__}"
@@ -72,6 +71,43 @@ def load_module(path: str | os.PathLike, entry: str = "build") -> tuple[torch.nn
     return model, inputs
 
 
+@contextmanager
+def _importing_from(folder: Path) -> Iterator[None]:
+    """Run a user's file with its folder first on sys.path, as `python file.py` would. Afterwards sys.path is
+    exactly what it was (the same list, whatever the file did to it), and the modules imported from the folders
+    put there (the file's own, and any it added itself) are dropped from sys.modules: a file loaded later from
+    another folder imports its own `layers.py`, not this one's. A folder that was on sys.path before keeps its
+    modules."""
+    saved = list(sys.path)
+    before = set(sys.modules)
+    sys.path.insert(0, str(folder.resolve()))
+    try:
+        yield
+    finally:
+        importable = {_real(p) for p in saved}
+        added = {_real(p) for p in sys.path} - importable
+        sys.path[:] = saved
+        for name, mod in list(sys.modules.items()):
+            if name not in before and _imported_from(name, mod) in added:
+                del sys.modules[name]
+
+
+def _real(entry: str) -> str:
+    return os.path.realpath(entry or os.getcwd())
+
+
+def _imported_from(name: str, module: Any) -> str | None:
+    """The sys.path folder a module was found in: its file's folder, up one level per package above it."""
+    file = getattr(module, "__file__", None)
+    if not isinstance(file, str):
+        return None
+    levels = name.count(".") + (1 if os.path.basename(file).startswith("__init__.") else 0)
+    folder = os.path.realpath(os.path.dirname(file))
+    for _ in range(levels):
+        folder = os.path.dirname(folder)
+    return folder
+
+
 def export_program(model: torch.nn.Module, inputs: tuple, name: str = "program") -> Program:
     model = model.eval()
     try:
@@ -82,7 +118,7 @@ def export_program(model: torch.nn.Module, inputs: tuple, name: str = "program")
     except Exception as exc:
         first = str(exc).strip().splitlines()
         raise ProgramLoadError(
-            f"torch.export failed for {name}: {type(exc).__name__}: {first[0] if first else ''}\n{exc}"
+            f"torch.export failed for {name}: {first[0] if first else 'no reason given'}\n{exc}"
         ) from exc
     return program_from_export(exported, inputs, name, model)
 

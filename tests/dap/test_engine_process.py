@@ -77,9 +77,9 @@ def test_os_exit_ends_the_engine_and_a_new_launch_gets_a_fresh_one(server):
     mark = server.client.mark()
     with pytest.raises(DapError, match="engine ended: its process exited with status 3"):
         launch(server, "build_os_exit")
-    said = server.client.wait_for("output", lambda b: "engine ended" in b["output"], after=mark)
-    assert said["category"] == "important"
     server.client.wait_for("terminated", after=mark)
+    (said,) = [b for name, b in server.client.events_since(mark) if name == "output" and "engine ended" in b["output"]]
+    assert said["category"] == "important"
     with pytest.raises(DapError, match="this debug session has ended .* send 'launch'"):
         server.request("stackTrace", {"threadId": 1})
     assert server.request("threads") == {"threads": []}
@@ -148,8 +148,9 @@ def test_an_engine_that_dies_while_recording_leaves_the_recording_to_reopen(serv
     os.kill(engine, signal.SIGKILL)  # what a device fault does to a process
     terminated = server.client.wait_for("terminated", after=mark)
     assert terminated["restart"] == {"trace": str(target)}
-    said = server.client.wait_for("output", lambda b: "engine ended" in b["output"], after=mark)
-    assert "killed (SIGKILL" in said["output"] and str(target) in said["output"]
+    (said,) = [b["output"] for name, b in server.client.events_since(mark)
+               if name == "output" and "engine ended" in b["output"]]
+    assert "killed (SIGKILL" in said and str(target) in said
     # The client restarts as DAP says: the launch arguments again, with the restart value as `__restart`.
     again = server.client.mark()
     launch(server, "build", record=str(target), __restart=terminated["restart"])
@@ -173,3 +174,26 @@ def test_a_tcp_server_outlives_an_engine_that_exits(schema):
         assert tcp.process.poll() is None
     finally:
         tcp.stop()
+
+
+def test_restart_after_the_engine_died_reopens_the_recording_with_the_same_breakpoints(server, tmp_path):
+    """VS Code restarts with a `restart` request when the adapter supports it: the front brings a fresh engine
+    to where the client was (initialized, the recording opened, its breakpoints set) and runs it from tick 0."""
+    target = tmp_path / "run.rwtrace"
+    source = HOSTILE.read_text().splitlines()
+    line = next(i + 1 for i, text in enumerate(source) if "return torch.relu(h) * 2" in text)
+    mark = server.client.mark()
+    launch(server, "build", record=str(target))
+    server.client.wait_for("initialized", after=mark)
+    server.set_breakpoints(HOSTILE, [{"line": line}])
+    assert server.motion("configurationDone", {})["reason"] == "breakpoint"
+    (engine,) = children(server.client.process.pid)
+    os.kill(engine, signal.SIGKILL)
+    server.client.wait_for("terminated", after=mark)
+    again = server.client.mark()
+    stop = server.motion("restart", {})
+    assert stop["reason"] == "breakpoint" and server.top()["line"] == line  # the breakpoint came back with it
+    assert not any(name == "initialized" for name, _ in server.client.events_since(again))
+    (fresh,) = children(server.client.process.pid)
+    assert fresh != engine
+    assert server.motion("stepBack")["reason"] in ("step", "entry")

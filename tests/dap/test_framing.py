@@ -77,3 +77,33 @@ def test_nan_and_infinity_are_sent_as_strings():
     framed = encode({"seq": 1, "min": float("nan"), "max": float("inf"), "x": [float("-inf")]})
     body = json.loads(framed.split(b"\r\n\r\n")[1])
     assert body == {"seq": 1, "min": "nan", "max": "inf", "x": ["-inf"]}
+
+
+def test_a_body_shorter_than_its_content_length_gives_way_to_the_next_header():
+    reader = MessageReader()
+    out = reader.feed(b'Content-Length: 100\r\n\r\n{"seq": 2' + frame(request(3)) + frame(request(4)))
+    assert "ended before the 100 bytes" in out[0].message
+    assert out[1:] == [request(3), request(4)]
+
+
+def test_a_content_length_no_client_will_ever_send_does_not_swallow_the_stream():
+    reader = MessageReader()
+    out = reader.feed(b"Content-Length: 99999999999\r\n\r\nabc" + frame(request(5)))
+    assert "exceeds the 16 MiB limit" in out[0].message and "ended before" in out[1].message
+    assert out[2:] == [request(5)]
+
+
+def test_a_content_length_of_thousands_of_digits_is_refused():
+    out = MessageReader().feed(b"Content-Length: " + b"9" * 5000 + b"\r\n\r\n" + frame(request(6)))
+    assert "5000 digits" in out[0].message and out[-1] == request(6)
+
+
+def test_deep_nesting_is_refused_before_parsing_and_keeps_the_seq():
+    body = b'{"seq": 8, "type": "request", "command": "threads", "arguments": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    (error,) = MessageReader().feed(b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    assert "nested more than 64 levels" in error.message and (error.seq, error.command) == (8, "threads")
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting():
+    message = {**request(9), "arguments": {"expression": "[" * 500}}
+    assert MessageReader().feed(frame(message)) == [message]
