@@ -123,21 +123,26 @@ class DapClient:
     def wait_for(self, event: str, predicate: Callable[[dict], bool] | None = None,
                  timeout: float = DEFAULT_TIMEOUT_S, after: int = 0) -> dict:
         """The next event named `event` (matching `predicate`, at or after index `after`) not yet returned."""
+        return self.wait_for_any((event,), predicate, timeout, after)[1]
+
+    def wait_for_any(self, events: tuple[str, ...], predicate: Callable[[dict], bool] | None = None,
+                     timeout: float = DEFAULT_TIMEOUT_S, after: int = 0) -> tuple[str, dict]:
+        """The next event named any of `events` (as `wait_for`), with its name."""
         with self._cond:
             def find() -> int | None:
                 for i in range(max(self._consumed, after), len(self.events)):
                     name, body = self.events[i]
-                    if name == event and (predicate is None or predicate(body)):
+                    if name in events and (predicate is None or predicate(body)):
                         return i
                 return None
 
-            found = self._cond.wait_for(lambda: find() is not None or self.closed.is_set(), timeout)
+            self._cond.wait_for(lambda: find() is not None or self.closed.is_set(), timeout)
             index = find()
             if index is None:
                 why = "the connection closed" if self.closed.is_set() else f"{timeout:.0f} s passed"
-                raise TimeoutError(f"no '{event}' event: {why}; last events: {self._recent()}")
+                raise TimeoutError(f"no '{' or '.join(events)}' event: {why}; last events: {self._recent()}")
             self._consumed = index + 1
-            return self.events[index][1]
+            return self.events[index]
 
     def events_since(self, mark: int) -> list[tuple[str, dict]]:
         with self._cond:

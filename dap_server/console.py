@@ -48,6 +48,7 @@ class Console(ExperimentCommands):
         self._sources: dict[str, list[str]] = {}
         self.failures = 0
         self.ask: Callable[[str], bool] | None = None  # a yes/no question to the user, at a terminal only
+        self.recording: str | None = None  # the recording an engine left when it ended, to reopen
         self.commands: dict[str, Callable[[str], Result | None]] = {}
         for names, fn in [
             (("break", "b"), self.cmd_break), (("condition",), self.cmd_condition), (("delete",), self.cmd_delete),
@@ -56,6 +57,7 @@ class Console(ExperimentCommands):
             (("goto",), self.cmd_goto), (("print", "p", "eval"), self.cmd_print), (("locals",), self.cmd_locals),
             (("where", "bt"), self.cmd_where), (("locate",), self.cmd_locate), (("prov",), self.cmd_prov),
             (("checkpoints",), self.cmd_checkpoints), (("restore",), self.cmd_restore), (("save",), self.cmd_save),
+            (("reopen",), self.cmd_reopen),
             (("help", "h"), self.cmd_help), (("quit", "q", "exit"), self.cmd_quit), *self.experiment_commands(),
         ]:
             for name in names:
@@ -112,16 +114,23 @@ class Console(ExperimentCommands):
     # -- moving ------------------------------------------------------------------------------------
     def _motion(self, command: str, arguments: dict | None = None) -> Result:
         mark = self.client.mark()
-        self.client.request(command, {"threadId": 1, **(arguments or {})})
+        try:
+            self.client.request(command, {"threadId": 1, **(arguments or {})})
+        except DapError as exc:
+            if "engine ended" not in exc.message:
+                raise
+            return self._engine_ended(self.client.wait_for("terminated", after=mark, timeout=10))
         return self._stopped(mark)
 
     def _stopped(self, mark: int) -> Result:
         """Wait for the stop that follows a motion (Ctrl-C pauses it) and say where it is."""
         try:
-            stop = self.client.wait_for("stopped", after=mark)
+            event, stop = self.client.wait_for_any(("stopped", "terminated"), after=mark)
         except KeyboardInterrupt:
             self.client.request("pause", {"threadId": 1})
-            stop = self.client.wait_for("stopped", after=mark)
+            event, stop = self.client.wait_for_any(("stopped", "terminated"), after=mark)
+        if event == "terminated":
+            return self._engine_ended(stop)
         position = self.client.request("timeline", {"count": 0})["position"]
         frames = self.client.request("stackTrace", {"threadId": 1, "levels": 1})["stackFrames"]
         frame = frames[0] if frames else {"name": "?", "line": 0}
@@ -327,6 +336,24 @@ class Console(ExperimentCommands):
             info = self.client.request("saveTrace", {"path": path, "overwrite": True})
         return Result(f"saved {info['ticks']} ticks to {info['path']} ({info['bytes']} bytes)", dict(info))
 
+    def _engine_ended(self, terminated: dict) -> Result:
+        """The session's engine ended under a motion (a crash, a fault): offer the recording it left, if any."""
+        self.recording = (terminated.get("restart") or {}).get("trace")
+        if self.recording and self.ask is not None and self.ask(
+                f"The debug session's engine ended. Reopen the recording {self.recording} at its last complete "
+                "step? [y/N] "):
+            return self.cmd_reopen("")
+        hint = f"; `reopen` opens the recording it left, {self.recording}" if self.recording else ""
+        raise CommandError(f"the debug session's engine ended{hint}")
+
+    def cmd_reopen(self, _rest: str) -> Result:
+        """After the engine ended while recording: the recording, with the same breakpoints, from tick 0."""
+        if not self.recording:
+            raise CommandError("nothing to reopen: `reopen` follows an engine that ended while recording")
+        mark = self.client.mark()
+        self.client.request("restart", {})
+        return self._stopped(mark)
+
     def _source_line(self, path: str, line: int) -> str:
         if path not in self._sources:
             try:
@@ -347,6 +374,7 @@ print EXPR | locals | where     inspect (safe expressions over tensors)
 locate NAME | prov NAME         where a value lives, who wrote it
 checkpoints | save FILE [--overwrite] | quit    list checkpoints; save the run as a trace (open it:
                         rewind debug --trace FILE); an existing FILE is replaced only with --overwrite or a yes
+reopen                  after the engine ended while recording (a crash): the recording, same breakpoints
 """ + EXPERIMENT_HELP
         return Result(text, {"commands": sorted(self.commands)})
 

@@ -197,3 +197,42 @@ def test_restart_after_the_engine_died_reopens_the_recording_with_the_same_break
     (fresh,) = children(server.client.process.pid)
     assert fresh != engine
     assert server.motion("stepBack")["reason"] in ("step", "entry")
+
+
+def test_the_console_offers_the_recording_after_its_engine_died(tmp_path):
+    """`rewind debug --record`: the engine is killed between two commands; the next motion says so and names
+    `reopen`, which opens the recording with the same breakpoints."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.dap.wire import ROOT
+
+    target = tmp_path / "run.rwtrace"
+    line = next(i + 1 for i, text in enumerate(HOSTILE.read_text().splitlines()) if "return torch.relu(h) * 2" in text)
+    console = subprocess.Popen([sys.executable, "-c", "import sys; from dap_server.cli import main; sys.exit(main())",
+                                "debug", str(HOSTILE), "--record", str(target), "--json"], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        def command(text: str) -> dict:
+            console.stdin.write(text + "\n")
+            console.stdin.flush()
+            return json.loads(console.stdout.readline())
+
+        assert json.loads(console.stdout.readline())["ok"]  # the launch
+        assert command(f"break hostile.py:{line}")["ok"]
+        assert command("continue")["result"]["reason"] == "breakpoint"
+        assert command("continue")["result"]["reason"] == "end"
+        assert wait_until(lambda: children(console.pid) and children(children(console.pid)[0]))
+        (server,) = children(console.pid)
+        (engine,) = children(server)
+        os.kill(engine, signal.SIGKILL)
+        ended = command("continue")
+        assert not ended["ok"] and "engine ended; `reopen` opens the recording it left" in ended["error"]
+        reopened = command("reopen")
+        assert reopened["ok"] and reopened["result"]["reason"] == "entry", reopened  # launched stopped on entry
+        assert command("continue")["result"]["reason"] == "breakpoint"  # the breakpoint came back with it
+        assert command("back")["ok"]
+        console.stdin.close()
+        assert console.wait(60) == 1  # one command failed: the continue the crash ended
+    finally:
+        console.kill()
