@@ -36,6 +36,7 @@ class Request:
 class Message:
     kind: str  # "response" or "event"
     json: bytes
+    success: bool | None = None  # of a response
     request_seq: int | None = None
     command: str | None = None
     event: str | None = None
@@ -48,9 +49,12 @@ class Recording:
 
 
 Frame = Union[Request, Message, Recording]
+_UNPACKABLE = {OverflowError: "a number in the message is beyond 64 bits",
+               UnicodeEncodeError: "a string in the message is not valid Unicode (a lone surrogate)"}
 _FIELDS: dict[str, tuple[type, dict[str, tuple[type, ...]]]] = {
     "request": (Request, {"message": (dict,)}),
-    "message": (Message, {"kind": (str,), "json": (bytes,), "request_seq": (int, type(None)),
+    "message": (Message, {"kind": (str,), "json": (bytes,), "success": (bool, type(None)),
+                          "request_seq": (int, type(None)),
                           "command": (str, type(None)), "event": (str, type(None))}),
     "recording": (Recording, {"partial": (str,), "target": (str,)}),
 }
@@ -58,7 +62,10 @@ _TAGS = {cls: tag for tag, (cls, _) in _FIELDS.items()}
 
 
 def pack(frame: Frame) -> bytes:
-    body = msgpack.packb({"k": _TAGS[type(frame)], **frame.__dict__}, use_bin_type=True)
+    try:
+        body = msgpack.packb({"k": _TAGS[type(frame)], **frame.__dict__}, use_bin_type=True)
+    except (OverflowError, UnicodeEncodeError, ValueError) as exc:  # what JSON holds and msgpack cannot
+        raise ChannelError(_UNPACKABLE.get(type(exc), "the message nests too deeply")) from None
     return LENGTH.pack(len(body)) + body
 
 

@@ -33,11 +33,12 @@ MAX_OUTPUT_CHARS = 64 * 2**10  # one output event's text
 class Outgoing:
     """A message on its way to the client: its JSON text (no `seq`) and what the front needs to route it."""
 
-    __slots__ = ("kind", "request_seq", "command", "event", "json")
+    __slots__ = ("kind", "json", "success", "request_seq", "command", "event")
 
-    def __init__(self, kind: str, json: bytes, request_seq: int | None = None, command: str | None = None,
-                 event: str | None = None):
-        self.kind, self.json, self.request_seq, self.command, self.event = kind, json, request_seq, command, event
+    def __init__(self, kind: str, json: bytes, success: bool | None = None, request_seq: int | None = None,
+                 command: str | None = None, event: str | None = None):
+        self.kind, self.json, self.success = kind, json, success
+        self.request_seq, self.command, self.event = request_seq, command, event
 
 
 class Dispatcher:
@@ -117,7 +118,7 @@ class Dispatcher:
                 f"the answer to '{request['command']}' would be {len(data) / 2**20:.1f} MiB, over the "
                 f"{MAX_RESPONSE_BYTES // 2**20} MiB one response may carry: ask for less (a smaller count or slice)"))
             return
-        self.deliver(Outgoing("response", data, request["seq"], request["command"]))
+        self.deliver(Outgoing("response", data, True, request["seq"], request["command"]))
 
     def respond_error(self, request: dict[str, Any], exc: BaseException) -> None:
         command = request.get("command") or ""
@@ -125,7 +126,7 @@ class Dispatcher:
         message = {"type": "response", "request_seq": request["seq"], "command": echo(command),
                    "success": False, "message": text,
                    "body": {"error": {"id": ERROR_ID, "format": text, "showUser": True}}}
-        self.deliver(Outgoing("response", encode_body(message), request["seq"], command))
+        self.deliver(Outgoing("response", encode_body(message), False, request["seq"], command))
 
 
 def _body(body: Any) -> dict:

@@ -62,8 +62,8 @@ async def serve(fd_in: int, fd_out: int, output_fd: int) -> Dispatcher:
 
     def deliver(out: Outgoing) -> None:
         if not transport.is_closing():
-            transport.write(channel.pack(channel.Message(out.kind, out.json, out.request_seq, out.command,
-                                                         out.event)))
+            transport.write(channel.pack(channel.Message(out.kind, out.json, out.success, out.request_seq,
+                                                         out.command, out.event)))
 
     def notify(kind: str, body: dict) -> None:  # from the worker thread
         if kind == "recording":

@@ -114,7 +114,7 @@ class ClientConnection:
                     if isinstance(item, FramingError):
                         self._refuse(item)
                     else:
-                        await self._accept(item)
+                        await self._accept_guarded(item)
                     if self.done.is_set():
                         return
                 frame_started = (frame_started or self.loop.time()) if framer.partial else None
@@ -141,6 +141,17 @@ class ClientConnection:
             raise TimeoutError(why) from None
 
     # -- requests -------------------------------------------------------------------------------
+    async def _accept_guarded(self, message: dict[str, Any]) -> None:
+        """Whatever a request holds, it is answered and the connection goes on."""
+        try:
+            await self._accept(message)
+        except channel.ChannelError as exc:
+            self.respond_error(message, f"{echo(message['command'])}: {exc}")
+        except Exception:  # our bug: the client still gets an answer, the log gets the details
+            log.exception("front: %s", echo(message["command"]))
+            self.respond_error(message, f"Rewind could not handle '{echo(message['command'])}' (a bug in Rewind; "
+                                        "the server log has the details)")
+
     async def _accept(self, message: dict[str, Any]) -> None:
         command = message["command"]
         if self.refusal is not None:
@@ -248,7 +259,8 @@ class Configuration:
             self.launch, self.breakpoints = message, {}
         elif command in _CONFIGURING:
             source = arguments.get("source") if isinstance(arguments, dict) else None
-            key = (command, source.get("path") if isinstance(source, dict) else None)
+            path = source.get("path") if isinstance(source, dict) else None
+            key = (command, path if isinstance(path, str) else None)
             self.breakpoints[key] = message
 
     def replay(self, restart: dict | None, kept: str | None) -> list[dict[str, Any]]:
@@ -335,6 +347,7 @@ class EngineLink:
 
     def forward(self, message: dict[str, Any], answer: bool = True) -> None:
         seq, command = message["seq"], message["command"]
+        frame = channel.pack(channel.Request(message))  # refuses what cannot cross the pipe, before it is pending
         self.pending[seq] = command
         if not answer:
             self.silent.add(seq)
@@ -345,14 +358,14 @@ class EngineLink:
             loading = [s for s, c in self.pending.items() if c in _LOADING]
             self._watch(loading, f"build() did not return within {self.grace:g} s after '{command}'")
         try:
-            self.process.stdin.write(channel.pack(channel.Request(message)))
+            self.process.stdin.write(frame)
         except (ConnectionError, RuntimeError):  # the engine is gone: its end is being handled
             pass
 
     def _cancels_loading(self, message: dict[str, Any]) -> bool:
         arguments = message.get("arguments")
         target = arguments.get("requestId") if isinstance(arguments, dict) else None
-        return self.pending.get(target) in _LOADING
+        return isinstance(target, int) and self.pending.get(target) in _LOADING
 
     def _watch(self, seqs: list[int], why: str) -> None:
         """Stop the engine if any of these requests is still unanswered after the grace period."""
@@ -415,7 +428,7 @@ class EngineLink:
         if item.kind == "event" and item.event == "terminated":
             self.terminated_sent = True
         self.connection.send_json(item.json)
-        if item.kind == "response" and item.command == "disconnect":
+        if item.kind == "response" and item.command == "disconnect" and item.success:
             self.connection.done.set()
 
     async def _ended(self, returncode: int) -> None:

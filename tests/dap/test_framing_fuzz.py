@@ -73,3 +73,23 @@ def test_any_bytes_are_answered_in_words_and_the_server_keeps_serving(fuzzed, pi
     for message in fuzzed.messages[before:]:
         text = json.dumps(message.get("body", {})) + str(message.get("message", ""))
         assert not LEAK.search(text), f"an internal error reached the client: {text[:300]}"
+
+
+@pytest.mark.parametrize("text", [
+    '{"seq": 18446744073709551616, "type": "request", "command": "threads"}',
+    '{"seq": 100001, "type": "request", "command": "evaluate", "arguments": {"expression": "x\\ud800y"}}',
+    '{"seq": 100002, "type": "request", "command": "evaluate", "arguments": {"expression": "x", '
+    '"frameId": 18446744073709551616}}',
+    '{"seq": 100003, "type": "request", "command": "disconnect", "arguments": {"restart": true, '
+    '"suspendDebuggee": "text"}}',
+    '{"seq": 100004, "type": "request", "command": "cancel", "arguments": {"requestId": {"a": 1}}}',
+    '{"seq": 100005, "type": "request", "command": "setBreakpoints", "arguments": {"source": {"path": {}}, '
+    '"breakpoints": []}}',
+])
+def test_what_json_holds_and_the_engine_pipe_cannot_is_answered_and_the_session_goes_on(fuzzed, text):
+    seq = json.loads(text)["seq"]
+    body = text.encode()
+    fuzzed.client.write_raw(b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    assert fuzzed.request("threads", timeout=30) == {"threads": []}
+    (answer,) = [m for m in fuzzed.messages if m.get("type") == "response" and m.get("request_seq") == seq]
+    assert not answer["success"] and not LEAK.search(answer["message"]), answer["message"]
