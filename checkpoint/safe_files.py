@@ -18,6 +18,7 @@ saved reference values) goes through here.
 from __future__ import annotations
 
 import errno
+import glob
 import os
 import secrets
 import stat
@@ -156,6 +157,21 @@ def _same_file(target: Path, st: os.stat_result | None, used: str) -> bool:
 def partial_name(target: Path) -> Path:
     """A fresh hidden temporary beside `target`: .NAME.XXXXXXXX.partial."""
     return target.with_name(f".{target.name[:_NAME_KEEP]}.{secrets.token_hex(4)}{PARTIAL_SUFFIX}")
+
+
+def partials_of(target: str | os.PathLike, since: float) -> list[Path]:
+    """The temporaries of writes onto `target` last written at or after `since` (a writer that was killed
+    leaves its temporary behind)."""
+    target = Path(target)
+    pattern = f".{glob.escape(target.name[:_NAME_KEEP])}.{'[0-9a-f]' * 8}{PARTIAL_SUFFIX}"
+    found = []
+    for path in target.parent.glob(pattern):
+        try:
+            if path.stat().st_mtime >= since:
+                found.append(path)
+        except OSError:
+            pass
+    return found
 
 
 class AtomicFile:

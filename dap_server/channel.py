@@ -5,7 +5,8 @@
 To the engine:   Request   a DAP request the front has framed and checked, as the client sent it
 From the engine: Message   a DAP response or event as JSON text without `seq` (the front numbers what the
                            client receives), with what the front needs to route it
-                 Recording a recording began: its partial file and the path it goes to when complete
+                 Recording a recording began: its partial file, the path it goes to when complete, and
+                           whether a file there may be replaced
 
 Both sides are ours, but the engine runs the user's code: the front reads its frames with the same care
 as a client's (a bounded length, a known kind, typed fields), and a frame it cannot read ends the engine.
@@ -46,6 +47,7 @@ class Message:
 class Recording:
     partial: str
     target: str
+    overwrite: bool  # the user allowed an existing file at `target` to be replaced
 
 
 Frame = Union[Request, Message, Recording]
@@ -56,7 +58,7 @@ _FIELDS: dict[str, tuple[type, dict[str, tuple[type, ...]]]] = {
     "message": (Message, {"kind": (str,), "json": (bytes,), "success": (bool, type(None)),
                           "request_seq": (int, type(None)),
                           "command": (str, type(None)), "event": (str, type(None))}),
-    "recording": (Recording, {"partial": (str,), "target": (str,)}),
+    "recording": (Recording, {"partial": (str,), "target": (str,), "overwrite": (bool,)}),
 }
 _TAGS = {cls: tag for tag, (cls, _) in _FIELDS.items()}
 

@@ -67,7 +67,7 @@ async def serve(fd_in: int, fd_out: int, output_fd: int) -> Dispatcher:
 
     def notify(kind: str, body: dict) -> None:  # from the worker thread
         if kind == "recording":
-            frame = channel.pack(channel.Recording(str(body["partial"]), str(body["target"])))
+            frame = channel.pack(channel.Recording(str(body["partial"]), str(body["target"]), bool(body["overwrite"])))
             loop.call_soon_threadsafe(lambda: transport.is_closing() or transport.write(frame))
 
     dispatcher = Dispatcher(deliver, notify)

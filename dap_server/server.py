@@ -26,13 +26,14 @@ import ipaddress
 import json
 import logging
 import os
-import shutil
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from checkpoint.safe_files import partials_of
 from dap_server import channel
 from dap_server.failures import echo
 from dap_server.protocol import FramingError, MessageReader, encode_body, frame, with_seq
@@ -42,7 +43,7 @@ READ_CHUNK = 1 << 16
 ERROR_ID = 1
 ROOT = Path(__file__).resolve().parent.parent
 _STOPPING = ("terminate", "disconnect")
-_DONE_WHEN_ENDED = (*_STOPPING, "pause")  # what these ask for is what an engine's end gives
+_DONE_WHEN_ENDED = (*_STOPPING, "pause", "threads")  # what these ask for is what an engine's end gives
 _LOADING = ("launch", "restart")  # requests that run the user's build()
 _CRASH_SIGNALS = {"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT"}
 
@@ -335,6 +336,7 @@ class EngineLink:
         self.terminated_sent = False
         self.closing = False
         self.kept: str | None = None  # the recording this engine left when it ended
+        self.saves: dict[int, tuple[str, float]] = {}  # saveTrace requests in flight: their path, when sent
         self.quiet_initialized = 0  # `initialized` events of silent launches, not for the client
 
     async def start(self) -> None:
@@ -349,6 +351,9 @@ class EngineLink:
         seq, command = message["seq"], message["command"]
         frame = channel.pack(channel.Request(message))  # refuses what cannot cross the pipe, before it is pending
         self.pending[seq] = command
+        arguments = message.get("arguments")
+        if command == "saveTrace" and isinstance(arguments, dict) and isinstance(arguments.get("path"), str):
+            self.saves[seq] = (arguments["path"], time.time())
         if not answer:
             self.silent.add(seq)
             self.quiet_initialized += command == "launch"
@@ -415,6 +420,7 @@ class EngineLink:
             return
         if item.kind == "response" and item.request_seq is not None:
             self.pending.pop(item.request_seq, None)
+            self.saves.pop(item.request_seq, None)
             if item.request_seq in self.silent:
                 self.silent.discard(item.request_seq)
                 if b'"success":false' in item.json:  # the client must hear why its session did not come back
@@ -438,15 +444,8 @@ class EngineLink:
         if self.closing and not self.pending:
             return
         for seq, command in sorted(self.pending.items()):
-            if seq in self.silent:
-                continue
-            request = {"seq": seq, "command": command}
-            if command in _DONE_WHEN_ENDED:
-                self.connection.respond(request, None)
-                if command == "disconnect":
-                    self.connection.done.set()
-            else:
-                self.connection.respond_error(request, f"{command}: the debug session's engine ended: {why}")
+            if seq not in self.silent:
+                self._answer_ended(seq, command, why)
         self.pending.clear()
         if self.connection.done.is_set():
             return
@@ -461,15 +460,36 @@ class EngineLink:
 
     def _keep_recording(self) -> str | None:
         """The dead engine's partial recording, moved to the path the user asked for (it reads up to its last
-        complete frame); None when there is none."""
+        complete frame) unless a file the user did not allow to be replaced is there now; None when there is
+        none. Where it stays, it stays under its partial name."""
         if self.recording is None or not os.path.isfile(self.recording.partial):
             return None
+        partial, target = self.recording.partial, self.recording.target
         try:
-            shutil.move(self.recording.partial, self.recording.target)
+            if self.recording.overwrite:
+                os.replace(partial, target)
+            else:
+                os.link(partial, target)  # never replaces: fails where a file has appeared at the target
+                os.unlink(partial)
         except OSError as exc:
-            log.warning("could not keep the recording %s: %s", self.recording.partial, exc)
-            return self.recording.partial
-        return self.recording.target
+            log.warning("the recording stays at %s: %s", partial, exc)
+            return partial
+        return target
+
+    def _answer_ended(self, seq: int, command: str, why: str) -> None:
+        """A request the engine took with it: what it asked for is done (pause, terminate, disconnect: the
+        engine is gone; threads: there are none), or it failed for the engine's end."""
+        request = {"seq": seq, "command": command}
+        if command in _DONE_WHEN_ENDED:
+            self.connection.respond(request, {"threads": []} if command == "threads" else None)
+            if command == "disconnect":
+                self.connection.done.set()
+        else:
+            self.connection.respond_error(request, f"{command}: the debug session's engine ended: {why}")
+        if seq in self.saves:  # the save's temporary goes with it; the file it was to replace is untouched
+            path, since = self.saves.pop(seq)
+            for partial in partials_of(path, since - 1):
+                partial.unlink(missing_ok=True)
 
 
 def describe_exit(returncode: int) -> str:

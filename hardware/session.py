@@ -117,7 +117,8 @@ class Session(Motion, Inspection, InstructionLevel):
                 self._recorder = recording.record(self.timeline, options.record, options.overwrite,
                                                   self._files_in_use(), on_error=self._report_recording_error)
                 self.on_event(SessionEvent("recording", {"partial": str(self._recorder.partial_path),
-                                                         "target": str(self._recorder.target_path)}))
+                                                         "target": str(self._recorder.target_path),
+                                                         "overwrite": options.overwrite}))
         self._attach_cursor()
         self._assignments: list[Assignment] = assignments(self.program)
         self.breakpoints.bind_lines()

@@ -236,3 +236,36 @@ def test_the_console_offers_the_recording_after_its_engine_died(tmp_path):
         assert console.wait(60) == 1  # one command failed: the continue the crash ended
     finally:
         console.kill()
+
+
+def test_an_engine_killed_mid_save_leaves_the_old_file_and_no_temporary(server, tmp_path):
+    target = tmp_path / "run.rwtrace"
+    target.write_bytes(b"the user's own file")
+    mark = server.client.mark()
+    launch(server, "build_big", checkpoint={"budgetMB": 1024})
+    server.client.wait_for("initialized", after=mark)
+    assert server.motion("configurationDone", {})["reason"] == "end"
+    (engine,) = children(server.client.process.pid)
+    saving = server.client.send("saveTrace", {"path": str(target), "overwrite": True})
+    assert wait_until(lambda: any(tmp_path.glob(".run.rwtrace.*.partial")), 60), "the save never began"
+    os.kill(engine, signal.SIGKILL)
+    answer = saving.wait(30)
+    assert not answer.success and "engine ended: it was killed" in str(answer.body)
+    assert target.read_bytes() == b"the user's own file"
+    assert not list(tmp_path.glob(".*.partial")), "the killed save left its temporary"
+
+
+def test_a_file_that_appeared_at_the_recordings_path_is_not_replaced_by_it(server, tmp_path):
+    target = tmp_path / "run.rwtrace"
+    mark = server.client.mark()
+    launch(server, "build", record=str(target), stopOnEntry=True)
+    server.client.wait_for("initialized", after=mark)
+    server.motion("configurationDone", {})
+    server.motion("next")
+    target.write_bytes(b"written by someone else meanwhile")
+    (engine,) = children(server.client.process.pid)
+    os.kill(engine, signal.SIGKILL)
+    terminated = server.client.wait_for("terminated", after=mark)
+    assert target.read_bytes() == b"written by someone else meanwhile"
+    (kept,) = tmp_path.glob(".run.rwtrace.*.partial")
+    assert terminated["restart"] == {"trace": str(kept)}  # the recording is still offered, under its own name

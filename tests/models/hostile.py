@@ -58,3 +58,9 @@ def build_chatty():
     for _ in range(4 * 1024):  # 4 MiB
         print(chunk, end="")
     return build()
+
+
+def build_big():
+    """Large enough that saving its trace takes a while (about 130 MB of values): a save to kill midway."""
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(16)]), (torch.randn(1024, 1024),)
