@@ -17,6 +17,7 @@ import msgpack
 
 from checkpoint.codec import decode_tensor, encode_tensor
 from checkpoint.ring import VersionKey
+from hardware.errors import RewindError
 
 
 class HostTier:
@@ -83,7 +84,7 @@ class DiskTier:
 
     def __init__(self, budget: int, directory: str | None = None):
         self.budget = budget
-        fd, self.path = tempfile.mkstemp(prefix="rewind-spill-", suffix=".bin", dir=directory)
+        fd, self.path = _spill_file(directory)
         self._f = os.fdopen(fd, "w+b")
         self._where: OrderedDict[VersionKey, tuple[int, int]] = OrderedDict()
         self.used = 0
@@ -136,3 +137,25 @@ class DiskTier:
             os.unlink(self.path)
         except OSError:
             pass
+
+
+def _spill_file(directory: str | None) -> tuple[int, str]:
+    """A new spill file in `directory` (the temp directory by default); a clear error naming the folder if not."""
+    shown = directory if directory is None or len(directory) <= 200 else directory[:199] + "…"
+    where = f"checkpoint.spillDir {shown}" if directory else f"the temp directory {tempfile.gettempdir()}"
+    if directory is not None:
+        if not directory.strip():
+            raise RewindError("checkpoint.spillDir is empty: give a folder, or leave it out for the temp directory")
+        if "\0" in directory:
+            raise RewindError("checkpoint.spillDir contains a NUL character: it is not a folder name")
+        if os.path.exists(directory) and not os.path.isdir(directory):
+            raise RewindError(f"{where} is a file, not a folder")
+        if not os.path.exists(directory):
+            raise RewindError(f"{where} does not exist: create the folder, or leave spillDir out")
+    try:
+        return tempfile.mkstemp(prefix="rewind-spill-", suffix=".bin", dir=directory)
+    except PermissionError:
+        raise RewindError(f"{where} is not writable: the disk tier cannot put its spill file there") from None
+    except OSError as exc:
+        reason = exc.strerror or "the file could not be created"
+        raise RewindError(f"{where}: the disk tier's spill file could not be created ({reason.lower()})") from None

@@ -131,10 +131,9 @@ class Adapter:
                 return
             with self._lock:
                 self._cancelled.add(request_id)  # answered `cancelled` when its turn comes, if it is queued
-            queued = {item.args[0] for item in list(getattr(self.worker, "_work_queue").queue)
-                      if item is not None and getattr(item, "args", None)}
-            if request_id not in queued:  # it is the request that runs now (or is done): stop its evaluation
-                self.session.interrupt()
+            # If it runs now, its evaluation stops. (Which request runs is not recorded here: an evaluation that
+            # runs while the client cancels a queued request stops too, and the client may ask again.)
+            self.session.interrupt()
 
     def close(self) -> None:
         """The client is gone: stop what runs, end the Session on its worker, let the worker go."""

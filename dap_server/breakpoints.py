@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
+from dap_server.failures import echo
+from dap_server.frames import brief
 from dap_server.requests import Arguments, capability, request
 from dap_server.sources import SourceRef, source_path
 from dap_server.variables import Entry, TensorSlice, Values, stats_text
@@ -42,7 +44,7 @@ def _breakpoint(adapter: "Adapter", bp: "Breakpoint", source: SourceRef | None =
                 line: int | None = None) -> dict:
     out: dict[str, Any] = {"id": bp.id, "verified": bp.verified}
     if bp.message:
-        out["message"] = bp.message
+        out["message"] = brief(bp.message)
     if source is not None:
         out["source"] = source.model_dump(exclude_none=True)
         out["line"] = adapter.client_line(bp.line if bp.verified else line)
@@ -119,7 +121,8 @@ def set_exception_breakpoints(adapter: "Adapter", args: SetExceptionBreakpointsA
     asked = list(args.filters) + [o.filterId for o in args.filterOptions or []]
     adapter.session.set_exception_filters({f for f in asked if f in known})
     return {"breakpoints": [{"verified": True} if f in known else
-                            {"verified": False, "message": f"unknown filter '{f}' (known: {', '.join(sorted(known))})"}
+                            {"verified": False,
+                             "message": f"unknown filter '{echo(f)}' (known: {', '.join(sorted(known))})"}
                             for f in asked]}
 
 
@@ -160,7 +163,7 @@ def data_breakpoint_info(adapter: "Adapter", args: DataBreakpointInfoArguments) 
     try:
         value = _watchable(adapter, args)
     except RewindError as exc:
-        return {"dataId": None, "description": str(exc)}
+        return {"dataId": None, "description": brief(str(exc))}
     return {"dataId": value, "description": f"write to '{args.name}' ({value})", "accessTypes": ["write"],
             "canPersist": True}
 

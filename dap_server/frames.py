@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
+from dap_server.failures import echo
 from dap_server.requests import Arguments, capability, request
+from hardware.errors import RewindError
 
 if TYPE_CHECKING:
     from dap_server.adapter import Adapter
@@ -13,6 +17,37 @@ if TYPE_CHECKING:
 
 
 FRAMES_PER_THREAD = 10_000  # frame ids of thread t are (t - 1) * FRAMES_PER_THREAD + level + 1
+_QUOTED = re.compile(r"'([^']{80,})'")  # a quoted part this long is the client's input, not a name
+
+
+def thread_unit(adapter: "Adapter", thread_id: int) -> int:
+    """The unit a DAP thread id names (ids are 1..units), or a clear error."""
+    adapter.require_launched()
+    count = len(adapter.session.units())
+    if not 1 <= thread_id <= count:
+        raise RewindError(f"no thread {thread_id}: this program's threads are 1..{count}")
+    return thread_id - 1
+
+
+def brief(message: str) -> str:
+    """A message from the engine with each long quoted part (the client's own input) cut short."""
+    return _QUOTED.sub(lambda m: f"'{echo(m[1])}'", message)
+
+
+@contextmanager
+def briefly() -> Iterator[None]:
+    """Errors raised inside say what they say, with the client's long input quoted briefly (see `brief`)."""
+    try:
+        yield
+    except RewindError as exc:
+        shorter = brief(str(exc))
+        if shorter == str(exc):
+            raise
+        try:
+            again = type(exc)(shorter)
+        except Exception:  # noqa: BLE001 -- an error type that takes other arguments
+            again = RewindError(shorter)
+        raise again from None
 
 
 class ThreadsArguments(Arguments):
@@ -36,9 +71,11 @@ class StackTraceArguments(Arguments):
 @request("stackTrace")
 @capability("supportsDelayedStackTraceLoading")
 def stack_trace(adapter: "Adapter", args: StackTraceArguments) -> dict:
-    adapter.require_launched()
-    frames = adapter.session.frames(unit=args.threadId - 1)  # a unit's stack starts at its next instruction
-    chosen = frames[max(0, args.startFrame):]
+    unit = thread_unit(adapter, args.threadId)
+    if args.startFrame < 0 or args.levels < 0:
+        raise RewindError(f"stackTrace: startFrame ({args.startFrame}) and levels ({args.levels}) cannot be negative")
+    frames = adapter.session.frames(unit=unit)  # a unit's stack starts at its next instruction
+    chosen = frames[args.startFrame:]
     if args.levels > 0:
         chosen = chosen[: args.levels]
     return {"stackFrames": [_frame(adapter, f, args.threadId) for f in chosen], "totalFrames": len(frames)}

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from dap_server.frames import source
+from dap_server.failures import echo
+from dap_server.frames import brief, source
 from dap_server.requests import Arguments, StrictArguments, capability, request
 from hardware.errors import RewindError
 
@@ -38,7 +39,7 @@ def _hex(reference: str) -> int | None:
     try:
         return int(reference, 16)
     except ValueError:
-        raise RewindError(f"memoryReference '{reference}' is not a hexadecimal address") from None
+        raise RewindError(f"memoryReference '{echo(reference)}' is not a hexadecimal address") from None
 
 
 def read_physical(adapter: "Adapter", address: int, count: int) -> dict:
@@ -74,8 +75,10 @@ def disassemble(adapter: "Adapter", args: DisassembleArguments) -> dict:
     adapter.require_launched()
     address = _hex(args.memoryReference)
     if address is None:
-        raise RewindError(f"disassemble: memoryReference '{args.memoryReference}' is not a code address "
+        raise RewindError(f"disassemble: memoryReference '{echo(args.memoryReference)}' is not a code address "
                           "(take one from a stack frame's instructionPointerReference)")
+    if address + args.offset < 0:
+        raise RewindError(f"disassemble: {address:#x} with offset {args.offset} is before the first address")
     where = adapter.session.instruction_at(address + args.offset)
     listing = adapter.session.disassemble(where["unit"], where["tick"])
     first = where["pc"] + args.instructionOffset
@@ -118,9 +121,10 @@ def set_instruction_breakpoints(adapter: "Adapter", args: SetInstructionBreakpoi
     bps = adapter.session.set_instruction_breakpoints([b.model_dump() for b in args.breakpoints])
     out = []
     for bp in bps:
-        entry = {"id": bp.id, "verified": bp.verified, "instructionReference": bp.spec}
+        entry = {"id": bp.id, "verified": bp.verified,
+                 "instructionReference": bp.spec if bp.verified else echo(bp.spec, 200)}
         if bp.message:
-            entry["message"] = bp.message
+            entry["message"] = brief(bp.message)
         if bp.line:
             entry["source"], entry["line"] = source(bp.file), adapter.client_line(bp.line)
         out.append(entry)

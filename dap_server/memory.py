@@ -10,6 +10,7 @@ import base64
 import binascii
 from typing import TYPE_CHECKING
 
+from dap_server.failures import echo
 from dap_server.instructions import physical_address, read_physical, write_physical
 from dap_server.requests import Arguments, capability, request
 from hardware.errors import RewindError
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from dap_server.adapter import Adapter
 
 MAX_READ_BYTES = 4 * 2**20  # per request: the response must stay well under the framing cap
+MAX_ADDRESS = 2**64  # addresses are 64-bit: past that nothing is mapped
 _PREFIX = "rewind-value:"
 
 
@@ -29,7 +31,7 @@ def _value_of(adapter: "Adapter", reference: str) -> str:
     adapter.require_launched()
     value = reference.removeprefix(_PREFIX)
     if not reference.startswith(_PREFIX) or value not in adapter.session.program.values:
-        raise RewindError(f"memoryReference '{reference}' does not name a value of the program")
+        raise RewindError(f"memoryReference '{echo(reference)}' does not name a value of the program")
     return value
 
 
@@ -42,20 +44,34 @@ class ReadMemoryArguments(Arguments):
 @request("readMemory")
 @capability("supportsReadMemoryRequest")
 def read_memory(adapter: "Adapter", args: ReadMemoryArguments) -> dict:
-    if not 0 <= args.count <= MAX_READ_BYTES:
-        raise RewindError(f"readMemory: count {args.count} is outside 0..{MAX_READ_BYTES}; read in chunks")
+    """The bytes asked for that exist; past the end of what exists, `unreadableBytes` counts the rest (DAP's
+    way to say "nothing there"). A read of more than MAX_READ_BYTES that exists is refused: read in chunks."""
+    if args.count < 0:
+        raise RewindError(f"readMemory: count {args.count} is negative")
     address = physical_address(adapter, args.memoryReference)
     if address is not None:  # a chip's physical address (instructions.py)
-        return read_physical(adapter, address + args.offset, args.count)
+        start = address + args.offset
+        if not 0 <= start < MAX_ADDRESS:
+            return {"address": f"{min(max(start, 0), MAX_ADDRESS - 1):#x}", "unreadableBytes": args.count}
+        if args.count > MAX_READ_BYTES:
+            raise _too_many(args.count)
+        return read_physical(adapter, start, min(args.count, MAX_ADDRESS - start))
     value = _value_of(adapter, args.memoryReference)
     base = adapter.session.locate(value).shards[0].address
     if args.offset < 0:  # nothing of the value lies before its first byte
         return {"address": f"0x{max(0, base + args.offset):x}", "unreadableBytes": min(args.count, -args.offset)}
-    data = adapter.session.read_memory(value, args.offset, args.count)
+    data = adapter.session.read_memory(value, args.offset, min(args.count, MAX_READ_BYTES + 1))
+    if len(data) > MAX_READ_BYTES:
+        raise _too_many(args.count)
     body = {"address": f"0x{base + args.offset:x}", "data": base64.b64encode(data).decode("ascii")}
     if len(data) < args.count:
         body["unreadableBytes"] = args.count - len(data)
     return body
+
+
+def _too_many(count: int) -> RewindError:
+    return RewindError(f"readMemory: {count} bytes asked; one read returns at most {MAX_READ_BYTES // 2**20} MiB: "
+                       "read in chunks")
 
 
 class WriteMemoryArguments(Arguments):
@@ -73,9 +89,12 @@ def write_memory(adapter: "Adapter", args: WriteMemoryArguments) -> dict:
     try:
         data = base64.b64decode(args.data, validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise RewindError(f"writeMemory: 'data' is not base64: {exc}") from None
+        raise RewindError(f"writeMemory: 'data' is not base64 ({str(exc).rstrip('.')})") from None
     if address is not None:  # a chip's physical address (instructions.py)
-        return write_physical(adapter, address + args.offset, data)
+        start = address + args.offset
+        if not 0 <= start or start + len(data) > MAX_ADDRESS:
+            raise RewindError(f"writeMemory: {len(data)} bytes at {start:#x} lie outside the chip's 64-bit addresses")
+        return write_physical(adapter, start, data)
     if args.allowPartial:
         room = len(adapter.session.read_memory(value, args.offset, len(data))) if args.offset >= 0 else 0
         data = data[:room]

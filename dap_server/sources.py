@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dap_server.failures import echo
 from dap_server.frames import source as source_of
 from dap_server.requests import Arguments, capability, request
 from hardware.errors import RewindError
@@ -23,7 +24,13 @@ def source_path(ref: SourceRef) -> str:
     """The absolute path a client's Source names (the Program knows its files by resolved path)."""
     if not ref.path:
         raise RewindError("a source must be given by 'path' (Rewind's sources are files on disk)")
-    return str(Path(ref.path).resolve())
+    if "\0" in ref.path:
+        raise RewindError(f"source path '{echo(ref.path)}' contains a NUL character: it names no file")
+    try:
+        return str(Path(ref.path).resolve())
+    except (OSError, ValueError, RuntimeError) as exc:  # too long, a symlink loop, ...
+        reason = getattr(exc, "strerror", None) or "it cannot be resolved"
+        raise RewindError(f"source path '{echo(ref.path)}' names no file: {reason.lower()}") from None
 
 
 class SourceArguments(Arguments):
@@ -39,7 +46,8 @@ def source(adapter: "Adapter", args: SourceArguments) -> dict:
     text = files.get(source_path(args.source)) if path else None
     if text is None:
         known = ", ".join(Path(f).name for f in files) or "none"
-        raise RewindError(f"no source for {path or f'reference {args.sourceReference}'} (program files: {known})")
+        raise RewindError(f"no source for {echo(path) if path else f'reference {args.sourceReference}'} "
+                          f"(program files: {known})")
     return {"content": text, "mimeType": "text/x-python"}
 
 

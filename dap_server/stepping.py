@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
+from dap_server.frames import thread_unit
 from dap_server.requests import Arguments, capability, request
 from dap_server.sources import SourceRef, source_path
 from hardware.errors import RewindError
@@ -27,12 +28,14 @@ class ContinueArguments(Arguments):
 
 @request("continue")
 def continue_(adapter: "Adapter", args: ContinueArguments) -> dict:
+    thread_unit(adapter, args.threadId)
     adapter.resume(lambda: adapter.session.run(FORWARD), "Continuing")
     return {"allThreadsContinued": True}
 
 
 @request("reverseContinue")
 def reverse_continue(adapter: "Adapter", args: ContinueArguments) -> None:
+    thread_unit(adapter, args.threadId)
     adapter.resume(lambda: adapter.session.run(REVERSE), "Reverse-continuing")
 
 
@@ -44,7 +47,7 @@ class StepArguments(Arguments):
 
 
 def _step(adapter: "Adapter", args: StepArguments, direction: Direction, kind: str, title: str) -> None:
-    unit = args.threadId - 1  # a unit of a many-core chip steps its own instructions (instructions.py)
+    unit = thread_unit(adapter, args.threadId)  # a unit of a many-core chip steps its own instructions
     adapter.resume(lambda: adapter.session.step(direction, args.granularity, kind, unit, args.singleThread), title)
 
 
@@ -109,7 +112,7 @@ class GotoArguments(Arguments):
 
 @request("goto")
 def goto(adapter: "Adapter", args: GotoArguments) -> None:
-    adapter.require_launched()
+    thread_unit(adapter, args.threadId)
     tick, end = args.targetId - 1, adapter.session.end
     if not 0 <= tick <= end:
         raise RewindError(f"goto target {args.targetId} is not a tick of the program (targets are 1..{end + 1})")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from dap_server.failures import echo
 from dap_server.memory import memory_reference
 from dap_server.requests import Arguments, capability, request
 from hardware.errors import RewindError
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from dap_server.adapter import Adapter
 
 MAX_UNPAGED = 1000  # children returned when the client asks for "all" of a huge dimension
+MAX_PAGE = 10_000  # children one `variables` request may ask for
 _PREVIEW = 4
 _REF_LIMIT = 2**31 - 1
 
@@ -151,7 +153,7 @@ class Values:
     def assign(self, adapter: "Adapter", name: str, text: str) -> dict:
         entry = next((e for e in self.entries if e.name == name), None)
         if entry is None:
-            raise RewindError(f"no variable '{name}' in this scope")
+            raise RewindError(f"no variable '{echo(name)}' in this scope")
         tensor = adapter.session.tensor(entry.value)
         if tensor.dim():
             raise RewindError(f"'{name}' has {tensor.dim()} dimensions: expand it and set one element")
@@ -209,9 +211,10 @@ class TensorSlice:
     def assign(self, adapter: "Adapter", name: str, text: str) -> dict:
         if self.root.value is None:
             raise RewindError("an expression's result is not program memory: set an element of a program value")
-        if not (name.startswith("[") and name.endswith("]") and name[1:-1].strip().isdigit()):
-            raise RewindError(f"'{name}' is not an element: set one of the indexed children ([0], [1], ...)")
-        index = self.index + (int(name[1:-1]),)
+        digits = name[1:-1].strip() if name.startswith("[") and name.endswith("]") else ""
+        if not (digits.isascii() and digits.isdigit()):
+            raise RewindError(f"'{echo(name)}' is not an element: set one of the indexed children ([0], [1], ...)")
+        index = self.index + (int(digits),)
         return _set_element(adapter, self.root.value, index, text)
 
 
@@ -224,10 +227,10 @@ def _set_element(adapter: "Adapter", value: str, index: tuple[int, ...], text: s
     new = session.evaluate(text)
     if isinstance(new, torch.Tensor):
         if new.numel() != 1:
-            raise RewindError(f"'{text}' is a tensor of {new.numel()} elements; an element takes one number")
+            raise RewindError(f"'{echo(text)}' is a tensor of {new.numel()} elements; an element takes one number")
         new = new.item()
     if not isinstance(new, (int, float, bool)):
-        raise RewindError(f"'{text}' is not a number")
+        raise RewindError(f"'{echo(text)}' is not a number")
     session.set_element(value, index, float(new) if isinstance(new, float) else new)
     adapter.events.invalidate("variables")
     element = session.tensor(value)[index] if index else session.tensor(value)
@@ -248,7 +251,7 @@ class Fields:
         return 0
 
     def assign(self, adapter: "Adapter", name: str, text: str) -> dict:
-        raise RewindError(f"'{name}' is read-only: it describes a value, it is not one")
+        raise RewindError(f"'{echo(name)}' is read-only: it describes a value, it is not one")
 
 
 _HEX_KEYS = {"address", "storage"}
@@ -335,8 +338,12 @@ class VariablesArguments(Arguments):
 
 @request("variables")
 def variables(adapter: "Adapter", args: VariablesArguments) -> dict:
+    if args.start < 0 or args.count < 0:
+        raise RewindError(f"variables: start ({args.start}) and count ({args.count}) cannot be negative")
+    if args.count > MAX_PAGE:
+        raise RewindError(f"variables: count {args.count} is more than one page ({MAX_PAGE}): ask in pages")
     container = adapter.variables.get(args.variablesReference)
-    start, count = max(0, args.start), args.count
+    start, count = args.start, args.count
     named = [] if args.filter == "indexed" else container.named(adapter)
     if args.filter == "named":
         return {"variables": named[start:start + count] if count else named[start:]}

@@ -5,6 +5,7 @@ their own (undone by stepping back over it).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -89,8 +90,22 @@ class Inspection:
         return names
 
     def evaluate(self, expression: str, level: int = 0) -> Any:
-        """A safe expression over the values at the position; source variables as stack frame `level` sees them."""
-        return evaluate(expression, self.names_at(level=level))
+        """A safe expression over the values at the position; source variables as stack frame `level` sees them.
+
+        `interrupt()` from another thread stops it between two operations (an ExpressionError)."""
+        stop = self._interrupt_event()
+        stop.clear()  # an interrupt meant for an earlier evaluation is not this one's
+        try:
+            return evaluate(expression, self.names_at(level=level), stop=stop.is_set)
+        finally:
+            stop.clear()
+
+    def interrupt(self) -> None:
+        """Thread-safe: stop the evaluation that runs now (no effect on motions: pause() stops those)."""
+        self._interrupt_event().set()
+
+    def _interrupt_event(self) -> threading.Event:
+        return self.__dict__.setdefault("_interrupt", threading.Event())  # setdefault is atomic
 
     # -- values ------------------------------------------------------------------------------------------
     def tensor(self, name: str, position: int | None = None) -> Any:
@@ -206,7 +221,13 @@ class Inspection:
             flat = flat * size + (ix % size)
         if len(index) != tensor.dim():
             raise RewindError(f"'{name}' has {tensor.dim()} dimensions; got an index of {len(index)}")
-        data = torch.tensor([value], dtype=tensor.dtype).view(torch.uint8).numpy().tobytes()  # bfloat16 too
+        try:
+            encoded = torch.tensor([value], dtype=tensor.dtype)
+        except (RuntimeError, OverflowError, TypeError, ValueError):
+            dtype = str(tensor.dtype).removeprefix("torch.")
+            shown = str(value) if len(str(value)) <= 40 else f"a number of {len(str(value))} digits"
+            raise RewindError(f"{shown} does not fit in an element of '{name}' ({dtype})") from None
+        data = encoded.view(torch.uint8).numpy().tobytes()  # bfloat16 too
         return self.write_memory(name, flat * tensor.element_size(), data)
 
 
