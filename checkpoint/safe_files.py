@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator, Mapping
 
-from hardware.errors import RewindError
+from hardware.errors import RewindError, os_reason
 
 PARTIAL_SUFFIX = ".partial"
 _NAME_KEEP = 160  # characters of the target's name kept in the temporary's (names are at most 255 bytes)
@@ -88,7 +88,7 @@ def _reason(path: Path, exc: OSError) -> str:
         return "the file would be larger than the file system allows"
     if code == errno.EEXIST:
         return "it exists"
-    return (exc.strerror or "the system refused").lower()
+    return os_reason(exc)
 
 
 def check_target(path: str | os.PathLike, overwrite: bool = False, in_use: Mapping[str, str] | None = None,

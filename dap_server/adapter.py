@@ -65,6 +65,7 @@ class Adapter:
         self._motion: Motion | None = None  # set by a handler, started after its response
         self._motions_pending = 0  # queued or running motions (pause only means something then)
         self._motion_seq: int | None = None  # the request whose motion runs
+        self._running_seq: int | None = None  # the request the worker runs now
         self._cancelled: set[int] = set()
         self._lock = threading.Lock()
 
@@ -79,7 +80,11 @@ class Adapter:
                 self._cancelled.discard(seq)
                 raise Cancelled("cancelled")
         self._motion = None
-        body = handler.fn(self, args)
+        self._running_seq = seq
+        try:
+            body = handler.fn(self, args)
+        finally:
+            self._running_seq = None
         motion, self._motion = self._motion, None
         return body, motion
 
@@ -129,11 +134,11 @@ class Adapter:
             if request_id == self._motion_seq:
                 self.pause()
                 return
+            if request_id == self._running_seq:  # it runs now: its evaluation stops
+                self.session.interrupt()
+                return
             with self._lock:
                 self._cancelled.add(request_id)  # answered `cancelled` when its turn comes, if it is queued
-            # If it runs now, its evaluation stops. (Which request runs is not recorded here: an evaluation that
-            # runs while the client cancels a queued request stops too, and the client may ask again.)
-            self.session.interrupt()
 
     def close(self) -> None:
         """The client is gone: stop what runs, end the Session on its worker, let the worker go."""
@@ -145,8 +150,13 @@ class Adapter:
         self.worker.shutdown(wait=False, cancel_futures=False)
 
     # -- helpers for handlers ----------------------------------------------------------------------
+    @property
+    def loaded(self) -> bool:
+        """A program is loaded (a relaunch that failed after the last one closed leaves none)."""
+        return self.launched and self.session.timeline is not None
+
     def require_launched(self) -> None:
-        if not self.launched:
+        if not self.loaded:
             raise NotStoppedError("no program is loaded: send 'launch' first")
 
     def frame_level(self, frame_id: int | None) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dap_server.requests import StrictArguments, request
-from hardware.errors import RewindError
+from hardware.errors import RewindError, echo
 
 if TYPE_CHECKING:
     from dap_server.adapter import Adapter
@@ -27,10 +27,14 @@ def value_at(adapter: "Adapter", args: ValueAtArguments) -> dict:
 
 
 def _address(address: str | int) -> int:
-    try:
-        value = address if isinstance(address, int) else int(address, 0)
-    except ValueError:
-        raise RewindError(f"'{address}' is not an address (write it as 0x7f3a... or in decimal)") from None
-    if value < 0:
-        raise RewindError(f"address {value} is negative")
+    value = address
+    if isinstance(address, str):
+        try:
+            value = int(address.strip(), 0) if len(address) <= 40 else None  # 40 characters hold any 64-bit one
+        except ValueError:
+            value = None
+        if value is None:
+            raise RewindError(f"'{echo(address)}' is not an address (write it as 0x7f3a... or in decimal)")
+    if not 0 <= value < 2**64:
+        raise RewindError(f"address {echo(str(value))} is outside the 64-bit address space")
     return value

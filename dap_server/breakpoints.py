@@ -8,12 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from dap_server.failures import echo
-from dap_server.frames import brief
 from dap_server.requests import Arguments, capability, request
 from dap_server.sources import SourceRef, source_path
 from dap_server.variables import Entry, TensorSlice, Values, stats_text
-from hardware.errors import RewindError
+from hardware.errors import RewindError, brief, echo
 
 if TYPE_CHECKING:
     from dap_server.adapter import Adapter

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from dap_server.frames import briefly
 from dap_server.requests import StrictArguments, request
 from hardware.errors import RewindError
 
@@ -47,9 +46,8 @@ class ValueArguments(StrictArguments):
 
 @request("locate")
 def locate(adapter: "Adapter", args: ValueArguments) -> dict:
-    with briefly():
-        value = adapter.resolve_value(args.name, adapter.frame_level(args.frameId))
-        return adapter.session.locate(value).to_dict()
+    value = adapter.resolve_value(args.name, adapter.frame_level(args.frameId))
+    return adapter.session.locate(value).to_dict()
 
 
 class ProvenanceArguments(ValueArguments):
@@ -58,9 +56,8 @@ class ProvenanceArguments(ValueArguments):
 
 @request("provenance")
 def provenance(adapter: "Adapter", args: ProvenanceArguments) -> dict:
-    with briefly():
-        value = adapter.resolve_value(args.name, adapter.frame_level(args.frameId))
-        return adapter.session.provenance(value, max_history=args.maxHistory)
+    value = adapter.resolve_value(args.name, adapter.frame_level(args.frameId))
+    return adapter.session.provenance(value, max_history=args.maxHistory)
 
 
 class TimelineArguments(StrictArguments):

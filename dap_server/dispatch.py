@@ -19,10 +19,10 @@ from dap_server import (addresses, attach, breakpoints, custom, evaluate, experi
                         frames, instructions, lifecycle, memory, reference_memory, repair, sources, stepping,
                         traces, variables)  # importing a module registers its requests
 from dap_server.adapter import Adapter
-from dap_server.failures import describe_failure, echo
+from dap_server.failures import describe_failure
 from dap_server.protocol import encode_body
 from dap_server.requests import REQUESTS, Handler
-from hardware.errors import RewindError
+from hardware.errors import RewindError, echo
 
 log = logging.getLogger("dap_server")
 ERROR_ID = 1

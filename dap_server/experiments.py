@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, Iterator
 from pydantic import Field
 
 from dap_server.events import working
-from dap_server.frames import briefly
 from dap_server.requests import StrictArguments, request
 from hardware.errors import RewindError
 from provenance.experiments import ORIGINAL
@@ -45,9 +44,8 @@ def add_patch(adapter: "Adapter", args: AddPatchArguments) -> dict:
     """Add a named patch to a branch and install that branch (the position stays)."""
     session = _launched(adapter)
     edit = args.edit.model_dump() if args.edit else None
-    with briefly():
-        patch = named_patch(session.program, args.name, args.node, precision=args.precision,
-                            function=args.function, entry=args.entry, attributes=args.attributes, edit=edit)
+    patch = named_patch(session.program, args.name, args.node, precision=args.precision,
+                        function=args.function, entry=args.entry, attributes=args.attributes, edit=edit)
     with _changing(adapter, f"Installing branch {args.branch}"):
         session.experiments.add(args.branch, patch)
     return session.experiments.listing()
@@ -124,7 +122,7 @@ def _launched(adapter: "Adapter"):
 def _changing(adapter: "Adapter", title: str) -> Iterator[None]:
     """Progress while the installed branch changes; variables and stacks are stale afterwards."""
     try:
-        with working(adapter, title[:200]), briefly():
+        with working(adapter, title[:200]):
             yield
     finally:
         adapter.variables.clear()

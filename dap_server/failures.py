@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import logging
 
-from hardware.errors import RewindError
+from hardware.errors import RewindError, brief, echo
 
 log = logging.getLogger("dap_server")
-MAX_ECHO = 60  # characters of a client's own input quoted back in an error
 
 
 class Cancelled(RewindError):
@@ -23,7 +22,7 @@ def describe_failure(command: str, exc: BaseException) -> str:
     if isinstance(exc, Cancelled):
         return "cancelled"
     if isinstance(exc, RewindError):
-        return str(exc)
+        return brief(str(exc))
     if isinstance(exc, SystemExit):
         return (f"the program called sys.exit({echo(repr(exc.code))}) while Rewind ran '{echo(command)}'; "
                 "the debug session goes on")
@@ -33,9 +32,5 @@ def describe_failure(command: str, exc: BaseException) -> str:
     return (f"Rewind could not complete '{echo(command)}': {echo(str(exc), 200) or 'an unexpected failure'} "
             "(a bug in Rewind; the server log has the details)")
 
-
-def echo(text: str, limit: int = MAX_ECHO) -> str:
-    """A client's own input quoted back: never more than `limit` characters of it."""
-    return text if len(text) <= limit else text[:limit] + f"… ({len(text)} characters)"
 
 

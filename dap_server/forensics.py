@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 from pydantic import Field, model_validator
 
 from dap_server.events import working
-from dap_server.frames import briefly
 from dap_server.requests import StrictArguments, request
 from hardware.errors import RewindError
 from hardware.program import Node
@@ -31,7 +30,7 @@ class CompareWithReferenceArguments(StrictArguments):
 @request("compareWithReference")
 def compare_with_reference(adapter: "Adapter", args: CompareWithReferenceArguments) -> dict:
     """The per-node table: each floating output of each node against the reference."""
-    with working(adapter, "Comparing with the reference"), briefly():
+    with working(adapter, "Comparing with the reference"):
         f = adapter.session.forensics
         rows = f.table(args.start, args.count, args.introduced)
         outputs = [c.to_dict() for c in f.outputs()]
@@ -45,7 +44,7 @@ class FirstDivergenceArguments(StrictArguments):
 @request("firstDivergence")
 def first_divergence(adapter: "Adapter", args: FirstDivergenceArguments) -> dict:
     """The first node whose error beyond tolerance it introduced (or where accumulated error crosses it)."""
-    with working(adapter, "Looking for the first divergence"), briefly():
+    with working(adapter, "Looking for the first divergence"):
         f = adapter.session.forensics
         found = f.first_divergence(args.start)
     return {"reference": f.spec, "divergence": found.to_dict() if found else None}
@@ -69,7 +68,7 @@ class AblatePrecisionArguments(StrictArguments):
 @request("ablatePrecision")
 def ablate_precision(adapter: "Adapter", args: AblatePrecisionArguments) -> dict:
     """Run nodes at higher precision from the checkpoint before them, measure the outputs, restore."""
-    with working(adapter, "Precision ablation"), briefly():
+    with working(adapter, "Precision ablation"):
         f = adapter.session.forensics
         if args.search:
             return {"search": search(f, args.dtype, args.maxTrials).to_dict()}

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import re
-from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
-from dap_server.failures import echo
 from dap_server.requests import Arguments, capability, request
 from hardware.errors import RewindError
 
@@ -17,7 +14,6 @@ if TYPE_CHECKING:
 
 
 FRAMES_PER_THREAD = 10_000  # frame ids of thread t are (t - 1) * FRAMES_PER_THREAD + level + 1
-_QUOTED = re.compile(r"'([^']{80,})'")  # a quoted part this long is the client's input, not a name
 
 
 def thread_unit(adapter: "Adapter", thread_id: int) -> int:
@@ -29,27 +25,6 @@ def thread_unit(adapter: "Adapter", thread_id: int) -> int:
     return thread_id - 1
 
 
-def brief(message: str) -> str:
-    """A message from the engine with each long quoted part (the client's own input) cut short."""
-    return _QUOTED.sub(lambda m: f"'{echo(m[1])}'", message)
-
-
-@contextmanager
-def briefly() -> Iterator[None]:
-    """Errors raised inside say what they say, with the client's long input quoted briefly (see `brief`)."""
-    try:
-        yield
-    except RewindError as exc:
-        shorter = brief(str(exc))
-        if shorter == str(exc):
-            raise
-        try:
-            again = type(exc)(shorter)
-        except Exception:  # noqa: BLE001 -- an error type that takes other arguments
-            again = RewindError(shorter)
-        raise again from None
-
-
 class ThreadsArguments(Arguments):
     pass
 
@@ -57,7 +32,7 @@ class ThreadsArguments(Arguments):
 @request("threads", on_loop=True)
 def threads(adapter: "Adapter", args: ThreadsArguments) -> dict:
     """Answered on the event loop: the unit list is fixed at launch, so it never waits for a motion."""
-    units = adapter.session.units() if adapter.launched else []
+    units = adapter.session.units() if adapter.loaded else []
     return {"threads": [{"id": i + 1, "name": name} for i, name in enumerate(units)]}
 
 

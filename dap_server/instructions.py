@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from dap_server.failures import echo
-from dap_server.frames import brief, source
+from dap_server.frames import source
 from dap_server.requests import Arguments, StrictArguments, capability, request
-from hardware.errors import RewindError
+from hardware.errors import RewindError, brief, echo
 
 if TYPE_CHECKING:
     from dap_server.adapter import Adapter

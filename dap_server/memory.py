@@ -10,10 +10,9 @@ import base64
 import binascii
 from typing import TYPE_CHECKING
 
-from dap_server.failures import echo
 from dap_server.instructions import physical_address, read_physical, write_physical
 from dap_server.requests import Arguments, capability, request
-from hardware.errors import RewindError
+from hardware.errors import RewindError, echo
 
 if TYPE_CHECKING:
     from dap_server.adapter import Adapter

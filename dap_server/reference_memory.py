@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 import torch
 from pydantic import Field
 
-from dap_server.frames import briefly
 from dap_server.memory import MAX_READ_BYTES
 from dap_server.requests import StrictArguments, request
 
@@ -30,8 +29,7 @@ class ReadReferenceArguments(StrictArguments):
 
 @request("readReference")
 def read_reference(adapter: "Adapter", args: ReadReferenceArguments) -> dict:
-    with briefly():
-        value = adapter.resolve_value(args.name, adapter.frame_level(args.frameId))
+    value = adapter.resolve_value(args.name, adapter.frame_level(args.frameId))
     forensics = adapter.session.forensics
     with adapter.events.progress(f"Reading the reference's '{value}'", cancellable=False):
         tensor = forensics.reference.value(value).contiguous()

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from hardware.errors import RewindError
+from hardware.errors import RewindError, echo
 
 
 class Arguments(BaseModel):
@@ -49,7 +49,7 @@ class Handler:
         if raw is None:
             raw = {}
         if not isinstance(raw, dict):
-            raise ArgumentsError(f"{self.command}: arguments must be a JSON object, got {type(raw).__name__}")
+            raise ArgumentsError(f"{self.command}: arguments must be a JSON object, got {_JSON_KINDS.get(type(raw), 'a value')}")
         try:
             return self.arguments.model_validate(raw)
         except ValidationError as exc:
@@ -57,6 +57,7 @@ class Handler:
 
 
 REQUESTS: dict[str, Handler] = {}
+_JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
 
 
 def request(command: str, *, on_loop: bool = False, interrupts: bool = False):
@@ -99,11 +100,11 @@ def describe_validation_error(command: str, model: type[BaseModel], exc: Validat
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "arguments"
         if err["type"] == "extra_forbidden":
-            parts.append(f"unknown field '{where}' (known: {', '.join(_known_fields(model, err['loc']))})")
+            parts.append(f"unknown field '{echo(where)}' (known: {', '.join(_known_fields(model, err['loc']))})")
         elif err["type"] == "missing":
-            parts.append(f"missing required field '{where}'")
+            parts.append(f"missing required field '{echo(where)}'")
         else:
-            parts.append(f"field '{where}': {err['msg'].lower()}, got {err['input']!r}")
+            parts.append(f"field '{echo(where)}': {err['msg'].lower()}, got {echo(repr(err['input']))}")
     return f"{command}: " + "; ".join(parts)
 
 

@@ -35,16 +35,19 @@ from typing import Any, Protocol
 
 from checkpoint.safe_files import partials_of
 from dap_server import channel
-from dap_server.failures import echo
 from dap_server.protocol import FramingError, MessageReader, encode_body, frame, with_seq
+from hardware.errors import echo
 
 log = logging.getLogger("dap_server")
 READ_CHUNK = 1 << 16
 ERROR_ID = 1
 ROOT = Path(__file__).resolve().parent.parent
 _STOPPING = ("terminate", "disconnect")
-_DONE_WHEN_ENDED = (*_STOPPING, "pause", "threads")  # what these ask for is what an engine's end gives
+_DONE_WHEN_ENDED = (*_STOPPING, "pause", "cancel", "threads")  # what these ask for is what an engine's end gives
 _LOADING = ("launch", "restart")  # requests that run the user's build()
+_RUNS_PROGRAM_CODE = (*_LOADING, "addPatch", "repair", "measureBranch")  # ... or a fix file's functions
+_MOTIONS = ("configurationDone", "continue", "reverseContinue", "next", "stepIn", "stepOut", "stepBack", "goto",
+            "restart", "restoreCheckpoint")  # answered first, then they run until a `stopped` event
 _CRASH_SIGNALS = {"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT"}
 
 
@@ -337,6 +340,8 @@ class EngineLink:
         self.closing = False
         self.kept: str | None = None  # the recording this engine left when it ended
         self.saves: dict[int, tuple[str, float]] = {}  # saveTrace requests in flight: their path, when sent
+        self.moving = False  # a motion was answered and has not stopped yet
+        self.stops = 0  # `stopped` events so far
         self.quiet_initialized = 0  # `initialized` events of silent launches, not for the client
 
     async def start(self) -> None:
@@ -359,26 +364,38 @@ class EngineLink:
             self.quiet_initialized += command == "launch"
         if command in _STOPPING:
             self._watch([seq], f"the engine did not answer '{command}' within {self.grace:g} s")
-        elif command == "pause" or (command == "cancel" and self._cancels_loading(message)):
-            loading = [s for s, c in self.pending.items() if c in _LOADING]
-            self._watch(loading, f"build() did not return within {self.grace:g} s after '{command}'")
+        elif command == "pause" or (command == "cancel" and self._cancels_program_code(message)):
+            self._watch_program_code(command)
         try:
             self.process.stdin.write(frame)
         except (ConnectionError, RuntimeError):  # the engine is gone: its end is being handled
             pass
 
-    def _cancels_loading(self, message: dict[str, Any]) -> bool:
+    def _cancels_program_code(self, message: dict[str, Any]) -> bool:
         arguments = message.get("arguments")
         target = arguments.get("requestId") if isinstance(arguments, dict) else None
-        return isinstance(target, int) and self.pending.get(target) in _LOADING
+        return isinstance(target, int) and self.pending.get(target) in _RUNS_PROGRAM_CODE
 
-    def _watch(self, seqs: list[int], why: str) -> None:
-        """Stop the engine if any of these requests is still unanswered after the grace period."""
+    def _watch_program_code(self, command: str) -> None:
+        """After a pause or a cancel, the program's own code (build(), a fix file's function) gets the grace
+        period to give control back: a request running it must be answered, a motion must stop."""
+        running = [s for s, c in self.pending.items() if c in _RUNS_PROGRAM_CODE]
+        loading = any(self.pending[s] in _LOADING for s in running)
+        why = (f"{'build()' if loading else 'the program'} did not return within {self.grace:g} s after "
+               f"'{command}'")
+        self._watch(running, why, motion=self.moving)
+
+    def _watch(self, seqs: list[int], why: str, motion: bool = False) -> None:
+        """Stop the engine if any of these requests is still unanswered after the grace period (or, with
+        `motion`, the motion that runs now has not stopped)."""
+        stops = self.stops
+
         async def watchdog() -> None:
             await asyncio.sleep(self.grace)
-            if self.ended is None and any(seq in self.pending for seq in seqs):
+            still_moving = motion and self.moving and self.stops == stops
+            if self.ended is None and (still_moving or any(seq in self.pending for seq in seqs)):
                 await self.stop(why)
-        if seqs:
+        if seqs or motion:
             asyncio.ensure_future(watchdog())
 
     async def stop(self, why: str) -> None:
@@ -433,6 +450,11 @@ class EngineLink:
             return
         if item.kind == "event" and item.event == "terminated":
             self.terminated_sent = True
+        if item.kind == "event" and item.event in ("stopped", "terminated"):
+            self.moving = False
+            self.stops += 1
+        elif item.kind == "response" and item.success and item.command in _MOTIONS:
+            self.moving = True
         self.connection.send_json(item.json)
         if item.kind == "response" and item.command == "disconnect" and item.success:
             self.connection.done.set()

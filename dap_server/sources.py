@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dap_server.failures import echo
 from dap_server.frames import source as source_of
 from dap_server.requests import Arguments, capability, request
-from hardware.errors import RewindError
+from hardware.errors import RewindError, echo
 
 if TYPE_CHECKING:
     from dap_server.adapter import Adapter

@@ -16,10 +16,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from dap_server.failures import echo
 from dap_server.memory import memory_reference
 from dap_server.requests import Arguments, capability, request
-from hardware.errors import RewindError
+from hardware.errors import RewindError, echo
 
 if TYPE_CHECKING:
     from dap_server.adapter import Adapter

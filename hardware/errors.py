@@ -1,7 +1,12 @@
 """Errors every surface shows to the user. Each names its cause in plain words."""
 
+import errno
 import os
+import re
 import traceback
+
+ECHO = 60  # characters of the user's own input quoted back in a message
+_QUOTED = re.compile(r"'([^']{80,})'")  # a quoted part this long is the user's input, not a name
 
 
 class RewindError(Exception):
@@ -35,3 +40,23 @@ def raised_in_user_code(exc: BaseException, file: str | os.PathLike) -> str:
     theirs = [f for f in frames if os.path.realpath(f.filename) == os.path.realpath(file)] or frames[-1:]
     where = f" (at {os.path.basename(theirs[-1].filename)}:{theirs[-1].lineno})" if theirs else ""
     return (str(exc).strip() or "an error without a message") + where
+
+
+def echo(text: str, limit: int = ECHO) -> str:
+    """The user's own input as quoted in a message: at most `limit` characters, on one line."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + f"… ({len(text)} characters)"
+
+
+def brief(message: str) -> str:
+    """A message with each long quoted part (the user's own input, quoted where it was refused) cut short."""
+    return _QUOTED.sub(lambda m: f"'{echo(m[1])}'", message)
+
+
+def os_reason(exc: BaseException) -> str:
+    """Why the system refused a path, in words (no error number, no class name)."""
+    if isinstance(exc, ValueError):
+        return "the path contains a NUL character"
+    if getattr(exc, "errno", None) == errno.ENAMETOOLONG:
+        return "the name is too long for the file system"
+    return (getattr(exc, "strerror", None) or "the system refused it").lower()

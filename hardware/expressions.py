@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from hardware.errors import ExpressionError, RewindError
+from hardware.errors import ExpressionError, RewindError, echo
 
 MAX_LENGTH = 2000  # characters of an expression
 MAX_DEPTH = 100  # nesting levels of its syntax tree
@@ -85,11 +85,6 @@ _EXCEPTION_NAMES = re.compile(r"\b(?:%s)\b:?\s*" % "|".join(sorted(
     (n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)),
     key=len, reverse=True)))
 
-
-def echo(text: str, limit: int = ECHO) -> str:
-    """The user's text as quoted in a message: at most `limit` characters, on one line."""
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def compile_expression(text: str) -> ast.Expression:

@@ -30,6 +30,7 @@ from hardware.driver import open_driver
 from hardware.errors import NotStoppedError, RewindError
 from hardware.events import SessionEvent
 from hardware.exception_filters import ExceptionDetails, ExceptionFilters
+from hardware.frontends.torch_export import load_program
 from hardware.inspection import FrameInfo, Inspection
 from hardware.instruction_level import InstructionLevel
 from hardware.motion import Direction, Motion, Stop
@@ -93,10 +94,20 @@ class Session(Motion, Inspection, InstructionLevel):
         """Load the user's program (export it unless given) onto the driver; position 0.
 
         With `options.trace`, open that trace instead (no device needed); with `options.record`,
-        record every step to a trace file as it runs."""
-        from hardware.frontends.torch_export import load_program
-
+        record every step to a trace file as it runs. A program that does not load leaves a loaded one as it was."""
+        if program is None and not options.trace:
+            program = load_program(options.program, options.entry)
         self.close()  # a relaunch (restart with new arguments) finishes the previous run's recording
+        try:
+            self._load(options, program)
+        except BaseException:  # nothing half-loaded stays: the Session says no program is loaded
+            self.timeline = self.program = None
+            raise
+        self._attach_cursor()
+        self._assignments: list[Assignment] = assignments(self.program)
+        self.breakpoints.bind_lines()
+
+    def _load(self, options: LaunchOptions, program: Program | None) -> None:
         _OPEN.add(self)
         self.options = options
         self.launch_notes: list[str] = []  # what the launch's answer tells the user (a trace cut short)
@@ -111,7 +122,7 @@ class Session(Motion, Inspection, InstructionLevel):
             driver = open_driver(options.driver, options.driver_options())
             driver.on_report = lambda text: self.on_event(SessionEvent("output", {"category": "important",
                                                                                    "text": text + "\n"}))
-            self.program = program or load_program(options.program, options.entry)
+            self.program = program
             self.timeline = self._make_timeline(self.program, driver, None)
             if options.record:
                 self._recorder = recording.record(self.timeline, options.record, options.overwrite,
@@ -119,9 +130,6 @@ class Session(Motion, Inspection, InstructionLevel):
                 self.on_event(SessionEvent("recording", {"partial": str(self._recorder.partial_path),
                                                          "target": str(self._recorder.target_path),
                                                          "overwrite": options.overwrite}))
-        self._attach_cursor()
-        self._assignments: list[Assignment] = assignments(self.program)
-        self.breakpoints.bind_lines()
 
     def _make_timeline(self, program: Program, driver, archive) -> Timeline:
         o = self.options

@@ -28,7 +28,7 @@ except ImportError:  # Windows: no advisory locks; one recording session at a ti
     fcntl = None
 
 from checkpoint.branch import AttributePatch, FunctionPatch, Patch, PrecisionPatch
-from hardware.errors import RewindError
+from hardware.errors import RewindError, echo, os_reason
 from hardware.program import Program
 from provenance import recipes
 from provenance.fixes import Candidate, FunctionSource, function_from
@@ -52,12 +52,15 @@ class KnowledgeBase:
         self.fixes: list[dict] = self._load()
 
     def _load(self) -> list[dict]:
-        if not self.path.is_file():
-            return []
         try:
+            if not self.path.is_file():
+                return []
             saved = json.loads(self.path.read_text())
-        except (OSError, ValueError) as exc:
-            raise RewindError(f"the knowledge base {self.path} cannot be read: {exc}") from None
+        except OSError as exc:
+            raise RewindError(f"the knowledge base {echo(str(self.path), 200)} cannot be read: {os_reason(exc)}") \
+                from None
+        except ValueError as exc:
+            raise RewindError(f"the knowledge base {echo(str(self.path), 200)} is not JSON: {exc}") from None
         if not isinstance(saved, dict) or saved.get("format") != FORMAT or not isinstance(saved.get("fixes"), list):
             raise RewindError(f"{self.path} is not a knowledge base of fixes (format {FORMAT})")
         return saved["fixes"]

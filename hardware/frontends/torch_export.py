@@ -13,7 +13,6 @@ import os
 import re
 import sys
 import sysconfig
-import traceback
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -22,7 +21,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from hardware.errors import ProgramLoadError, raised_in_user_code
+from hardware.errors import ProgramLoadError, echo, os_reason, raised_in_user_code
 from hardware.program import Frame, Node, Program, Ref, SourceLoc, ValueInfo
 
 _FRAME_RE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>[^\s]+)')
@@ -37,7 +36,11 @@ _DROPPED_OPS = ("aten._assert_tensor_metadata", "aten._assert_async", "aten.sym_
 def load_module(path: str | os.PathLike, entry: str = "build") -> tuple[torch.nn.Module, tuple]:
     """Import the user's file and call its entry; every failure names its cause."""
     file = Path(path)
-    if not file.is_file():
+    try:
+        found = file.is_file()
+    except (OSError, ValueError) as exc:  # a name too long, a NUL: the OS cannot even look
+        raise ProgramLoadError(f"program file {echo(str(file), 200)} cannot be opened: {os_reason(exc)}") from None
+    if not found:
         raise ProgramLoadError(f"program file not found: {file}")
     spec = importlib.util.spec_from_file_location(f"rewind_user_{file.stem}", file)
     if spec is None or spec.loader is None:

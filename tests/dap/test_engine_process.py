@@ -269,3 +269,22 @@ def test_a_file_that_appeared_at_the_recordings_path_is_not_replaced_by_it(serve
     assert target.read_bytes() == b"written by someone else meanwhile"
     (kept,) = tmp_path.glob(".run.rwtrace.*.partial")
     assert terminated["restart"] == {"trace": str(kept)}  # the recording is still offered, under its own name
+
+
+@pytest.mark.parametrize("stop", ["pause", "cancel"])
+def test_a_fix_files_code_that_never_returns_is_stopped_by_pause_or_cancel(server, stop):
+    """repair runs the client's fix file: Python that computes without end holds the engine (and its GIL);
+    only the front can end it."""
+    assert launch_good_program(server)["reason"] == "end"
+    (engine,) = children(server.client.process.pid)
+    mark = server.client.mark()
+    repairing = server.client.send("repair", {"fixes": [{"text": "x = 9 ** 9 ** 9\nPATCHES = []\n"}]})
+    time.sleep(0.5)
+    arguments = {"threadId": 1} if stop == "pause" else {"requestId": repairing.seq}
+    server.request(stop, arguments, timeout=30)
+    response = repairing.wait(30)
+    assert not response.success
+    assert f"the program did not return within {GRACE} s after '{stop}'" in str(response.body)
+    server.client.wait_for("terminated", after=mark)
+    assert wait_until(lambda: not alive(engine), 10)
+    assert launch_good_program(server)["reason"] == "end"

@@ -145,34 +145,7 @@ def hostile(command: str) -> st.SearchStrategy:
     model = REQUESTS[command].arguments
     drawn = st.one_of(*[arguments_of(model)] * 8, *[misshapen(model)] * 3,
                       st.sampled_from([None, [], "arguments", 7, [{"a": 1}]]))
-    if command in ELSEWHERE:
-        drawn = drawn.filter(lambda a: not (isinstance(a, dict) and ELSEWHERE[command](a)))
     return drawn
-
-
-def _big_address(address: Any) -> bool:
-    try:
-        return isinstance(address, str) and (len(address) > 60 or abs(int(address, 0)) >= 2**63)
-    except ValueError:
-        return False
-
-
-# Arguments that still reach a failure outside the request handlers (each reported to its owner); not drawn
-# until that is fixed: remove the line then.
-ELSEWHERE: dict[str, Any] = {
-    "cancel": lambda a: isinstance(a.get("requestId"), (list, dict)),  # dap_server/server.py looks it up unhashed
-    "valueAt": lambda a: _big_address(a.get("address")),  # dap_server/addresses.py: C long overflow, long echo
-    "suggestFixes": lambda a: len(str(a.get("knowledge"))) > 255,  # the knowledge file's name: too long for the OS
-    "repair": lambda a: len(str(a.get("knowledge"))) > 255,
-    # a program file whose name is too long for the OS fails after the Session closed its timeline (session.py)
-    "launch": lambda a: _long_file_name(a),
-    "attach": lambda a: _long_file_name(a),
-    "restart": lambda a: isinstance(a.get("arguments"), dict) and _long_file_name(a["arguments"]),
-}
-
-
-def _long_file_name(arguments: dict) -> bool:
-    return any(isinstance(arguments.get(k), str) and len(arguments[k]) > 255 for k in ("program", "trace", "record"))
 
 
 # -- checking what the server says ------------------------------------------------------------------------
