@@ -30,7 +30,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 
 from hardware.determinism import current, make_deterministic  # noqa: E402
 
-_, CAVEATS = make_deterministic()  # before CUDA starts: cuBLAS reads its workspace config once
+CAVEATS = make_deterministic().caveats  # before CUDA starts: cuBLAS reads its workspace config once
 
 import torch  # noqa: E402
 

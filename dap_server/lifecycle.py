@@ -142,8 +142,10 @@ class RestartArguments(Arguments):
 @capability("supportsRestartRequest")
 def restart(adapter: "Adapter", args: RestartArguments) -> None:
     """Back to tick 0; with new launch arguments, load the program again first (the file may have changed)."""
-    adapter.require_launched()
+    if args.arguments is not None and not adapter.launched:
+        adapter.require_launched()  # a restart with arguments also recovers from a relaunch that failed
     if args.arguments is None:
+        adapter.require_launched()
         adapter.resume(adapter.session.restart, "Restarting")
         return
     with adapter.events.progress(f"Loading {args.arguments.source}", cancellable=False):

@@ -501,6 +501,10 @@ class EngineLink:
     def _answer_ended(self, seq: int, command: str, why: str) -> None:
         """A request the engine took with it: what it asked for is done (pause, terminate, disconnect: the
         engine is gone; threads: there are none), or it failed for the engine's end."""
+        if seq in self.saves:  # the save's temporary goes first; the file it was to replace is untouched
+            path, since = self.saves.pop(seq)
+            for partial in partials_of(path, since - 1):
+                partial.unlink(missing_ok=True)
         request = {"seq": seq, "command": command}
         if command in _DONE_WHEN_ENDED:
             self.connection.respond(request, {"threads": []} if command == "threads" else None)
@@ -508,10 +512,6 @@ class EngineLink:
                 self.connection.done.set()
         else:
             self.connection.respond_error(request, f"{command}: the debug session's engine ended: {why}")
-        if seq in self.saves:  # the save's temporary goes with it; the file it was to replace is untouched
-            path, since = self.saves.pop(seq)
-            for partial in partials_of(path, since - 1):
-                partial.unlink(missing_ok=True)
 
 
 def describe_exit(returncode: int) -> str:

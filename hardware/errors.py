@@ -6,7 +6,9 @@ import re
 import traceback
 
 ECHO = 60  # characters of the user's own input quoted back in a message
-_QUOTED = re.compile(r"'([^']{80,})'")  # a quoted part this long is the user's input, not a name
+# A quoted part this long is the user's input, not a name. It opens after a space, a bracket or the start and
+# closes before one (so the text between two quoted names, 'exp' ... 'eps', is never taken for one).
+_QUOTED = re.compile(r"(?<![^\s(\[:=])'([^'\s][^']{78,}[^'\s])'(?=$|[\s),.;:\]])")
 
 
 class RewindError(Exception):

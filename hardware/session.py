@@ -95,11 +95,13 @@ class Session(Motion, Inspection, InstructionLevel):
 
         With `options.trace`, open that trace instead (no device needed); with `options.record`,
         record every step to a trace file as it runs. A program that does not load leaves a loaded one as it was."""
-        if program is None and not options.trace:
-            program = load_program(options.program, options.entry)
+        driver = None
+        if not options.trace:  # what can fail on the user's side fails before the loaded program is let go
+            program = program or load_program(options.program, options.entry)
+            driver = open_driver(options.driver, options.driver_options())
         self.close()  # a relaunch (restart with new arguments) finishes the previous run's recording
         try:
-            self._load(options, program)
+            self._load(options, program, driver)
         except BaseException:  # nothing half-loaded stays: the Session says no program is loaded
             self.timeline = self.program = None
             raise
@@ -107,7 +109,7 @@ class Session(Motion, Inspection, InstructionLevel):
         self._assignments: list[Assignment] = assignments(self.program)
         self.breakpoints.bind_lines()
 
-    def _load(self, options: LaunchOptions, program: Program | None) -> None:
+    def _load(self, options: LaunchOptions, program: Program | None, driver: Any) -> None:
         _OPEN.add(self)
         self.options = options
         self.launch_notes: list[str] = []  # what the launch's answer tells the user (a trace cut short)
@@ -119,7 +121,6 @@ class Session(Motion, Inspection, InstructionLevel):
             for warning in reader.contents.warnings:
                 self.on_event(SessionEvent("output", {"category": "important", "text": warning + "\n"}))
         else:
-            driver = open_driver(options.driver, options.driver_options())
             driver.on_report = lambda text: self.on_event(SessionEvent("output", {"category": "important",
                                                                                    "text": text + "\n"}))
             self.program = program
