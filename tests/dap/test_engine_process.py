@@ -93,20 +93,25 @@ def test_a_segfault_in_native_code_is_named_and_the_server_keeps_serving(server)
     assert launch_good_program(server)["reason"] == "end"
 
 
-@pytest.mark.parametrize("stop", ["pause", "cancel"])
-def test_pause_or_cancel_stops_a_build_that_never_returns(server, stop):
+def assert_stopped_by(server: Debugger, stop: str, command: str, arguments: dict, what: str) -> None:
+    """`command` runs the program's code that never returns; `stop` (a pause, or a cancel of it) ends the engine
+    after the grace period, the request fails saying why, and the next launch gets a fresh engine."""
     mark = server.client.mark()
-    loading = server.client.send("launch", {"program": str(HOSTILE), "entry": "build_spin"})
+    running = server.client.send(command, arguments)
     time.sleep(0.5)
     (engine,) = children(server.client.process.pid)
-    arguments = {"threadId": 1} if stop == "pause" else {"requestId": loading.seq}
-    server.request(stop, arguments, timeout=30)
-    response = loading.wait(30)
+    server.request(stop, {"threadId": 1} if stop == "pause" else {"requestId": running.seq}, timeout=30)
+    response = running.wait(30)
     assert not response.success
-    assert f"build() did not return within {GRACE} s after '{stop}'" in str(response.body)
+    assert f"{what} did not return within {GRACE} s after '{stop}'" in str(response.body)
     server.client.wait_for("terminated", after=mark)
-    assert wait_until(lambda: not alive(engine), 10), "the spinning engine was left running"
+    assert wait_until(lambda: not alive(engine), 10), "the engine was left running"
     assert launch_good_program(server)["reason"] == "end"
+
+
+@pytest.mark.parametrize("stop", ["pause", "cancel"])
+def test_pause_or_cancel_stops_a_build_that_never_returns(server, stop):
+    assert_stopped_by(server, stop, "launch", {"program": str(HOSTILE), "entry": "build_spin"}, "build()")
 
 
 def test_disconnect_ends_a_hung_engine_and_the_server(schema):
@@ -276,15 +281,5 @@ def test_a_fix_files_code_that_never_returns_is_stopped_by_pause_or_cancel(serve
     """repair runs the client's fix file: Python that computes without end holds the engine (and its GIL);
     only the front can end it."""
     assert launch_good_program(server)["reason"] == "end"
-    (engine,) = children(server.client.process.pid)
-    mark = server.client.mark()
-    repairing = server.client.send("repair", {"fixes": [{"text": "x = 9 ** 9 ** 9\nPATCHES = []\n"}]})
-    time.sleep(0.5)
-    arguments = {"threadId": 1} if stop == "pause" else {"requestId": repairing.seq}
-    server.request(stop, arguments, timeout=30)
-    response = repairing.wait(30)
-    assert not response.success
-    assert f"the program did not return within {GRACE} s after '{stop}'" in str(response.body)
-    server.client.wait_for("terminated", after=mark)
-    assert wait_until(lambda: not alive(engine), 10)
-    assert launch_good_program(server)["reason"] == "end"
+    fix = {"fixes": [{"text": "x = 9 ** 9 ** 9\nPATCHES = []\n"}]}
+    assert_stopped_by(server, stop, "repair", fix, "the program")
