@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from hardware.errors import RewindError, brief, echo
+from hardware.errors import RewindError, brief, echo, program_stopped_itself
 
 log = logging.getLogger("dap_server")
 
@@ -23,11 +23,8 @@ def describe_failure(command: str, exc: BaseException) -> str:
         return "cancelled"
     if isinstance(exc, RewindError):
         return brief(str(exc))
-    if isinstance(exc, SystemExit):
-        return (f"the program called sys.exit({echo(repr(exc.code))}) while Rewind ran '{echo(command)}'; "
-                "the debug session goes on")
-    if isinstance(exc, KeyboardInterrupt):
-        return f"the program raised a keyboard interrupt while Rewind ran '{echo(command)}'; the debug session goes on"
+    if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+        return f"{program_stopped_itself(exc, f'Rewind ran {echo(command)!r}')}; the debug session goes on"
     log.error("%s failed", command, exc_info=exc)
     return (f"Rewind could not complete '{echo(command)}': {echo(str(exc), 200) or 'an unexpected failure'} "
             "(a bug in Rewind; the server log has the details)")

@@ -62,3 +62,11 @@ def os_reason(exc: BaseException) -> str:
     if getattr(exc, "errno", None) == errno.ENAMETOOLONG:
         return "the name is too long for the file system"
     return (getattr(exc, "strerror", None) or "the system refused it").lower()
+
+
+def program_stopped_itself(exc: BaseException, doing: str) -> str:
+    """What a program did when it raised SystemExit or KeyboardInterrupt while Rewind was `doing` something:
+    named as the program's act, so the process that runs it can go on."""
+    if isinstance(exc, SystemExit):
+        return f"the program called sys.exit({echo(repr(exc.code))}) while {doing}"
+    return f"the program raised a keyboard interrupt while {doing}"

@@ -133,6 +133,16 @@ async def test_analyse_refuses_bad_options_naming_the_problem(stdio_client):
         await stdio_client.command("rewind.analyse", {"program": str(NOISY), "trace": "run.rwtrace"})
 
 
+async def test_a_program_that_exits_while_loading_is_refused_and_the_server_goes_on(stdio_client):
+    hostile = MODELS / "hostile.py"
+    for entry, said in [("build_exit", r"the program called sys\.exit\(3\) while Rewind loaded"),
+                        ("build_interrupt", "the program raised a keyboard interrupt while Rewind loaded")]:
+        with pytest.raises(JsonRpcException, match=said):
+            await stdio_client.command("rewind.analyse", {"program": str(hostile), "entry": entry})
+    result = await stdio_client.command("rewind.analyse", {"program": str(hostile), "entry": "build"})
+    assert result["ticks"] > 0
+
+
 async def test_analysing_another_program_reports_its_nondeterminism_and_clears_the_old_problems(stdio_client):
     result = await stdio_client.command("rewind.analyse", {"program": str(NOISY), "driver": "torch:cpu"})
     assert result["problems"] == 1

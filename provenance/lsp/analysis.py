@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from hardware.errors import RewindError
+from hardware.errors import RewindError, program_stopped_itself
 from hardware.session import LaunchOptions, Session
 from provenance.problems import Problem, collect
 from provenance.line_writes import LineWrite, line_writes
@@ -81,7 +81,10 @@ class Analysis:
         (replaces any earlier run)."""
         launch = options.launch_options()
         session = Session()
-        session.launch(launch)
+        try:
+            session.launch(launch)
+        except (SystemExit, KeyboardInterrupt) as exc:  # the program's own act: the language server goes on
+            raise RewindError(program_stopped_itself(exc, f"Rewind loaded {launch.program}")) from None
         session.goto(session.end)
         self.session = session
         self.result = Result(launch.trace or launch.program, session.end, collect(session), session.program.files())
