@@ -6,7 +6,7 @@ the event loop; all others queue, in arrival order, on the Adapter's single work
 Session. Whatever goes wrong with one request is answered with an error response and the session goes on:
 a program that calls `sys.exit()` or raises a keyboard interrupt ends the request, not the engine.
 
-Outgoing messages leave as JSON text without `seq`: the front numbers everything the client receives.
+Outgoing messages leave as channel.Messages, JSON text without `seq`: the front numbers what the client receives.
 """
 
 from __future__ import annotations
@@ -20,29 +20,19 @@ from dap_server import (addresses, attach, breakpoints, custom, evaluate, experi
                         traces, variables)  # importing a module registers its requests
 from dap_server.adapter import Adapter
 from dap_server.failures import describe_failure
+from dap_server import protocol
+from dap_server.channel import Message
 from dap_server.protocol import encode_body
 from dap_server.requests import REQUESTS, Handler
 from hardware.errors import RewindError, echo
 
 log = logging.getLogger("dap_server")
-ERROR_ID = 1
 MAX_RESPONSE_BYTES = 8 * 2**20  # one answer; a page of variables or memory is far smaller
 MAX_OUTPUT_CHARS = 64 * 2**10  # one output event's text
 
 
-class Outgoing:
-    """A message on its way to the client: its JSON text (no `seq`) and what the front needs to route it."""
-
-    __slots__ = ("kind", "json", "success", "request_seq", "command", "event")
-
-    def __init__(self, kind: str, json: bytes, success: bool | None = None, request_seq: int | None = None,
-                 command: str | None = None, event: str | None = None):
-        self.kind, self.json, self.success = kind, json, success
-        self.request_seq, self.command, self.event = request_seq, command, event
-
-
 class Dispatcher:
-    def __init__(self, deliver: Callable[[Outgoing], None], notify: Callable[[str, dict], None] | None = None):
+    def __init__(self, deliver: Callable[[Message], None], notify: Callable[[str, dict], None] | None = None):
         self.deliver = deliver  # called on the event loop, in order
         self.loop = asyncio.get_running_loop()
         self.adapter = Adapter(self.emit, notify or (lambda kind, body: None))
@@ -101,13 +91,11 @@ class Dispatcher:
             text = body["output"]
             body = {**body, "output": text[:MAX_OUTPUT_CHARS] + f"\n… ({len(text) - MAX_OUTPUT_CHARS} more "
                                                                  "characters not shown)\n"}
-        self.deliver(Outgoing("event", encode_body({"type": "event", "event": event, **_body(body)}), event=event))
+        self.deliver(Message("event", encode_body(protocol.event(event, body)), event=event))
 
     def _respond(self, request: dict[str, Any], body: Any) -> None:
-        message = {"type": "response", "request_seq": request["seq"], "command": request["command"],
-                   "success": True, **_body(body)}
         try:
-            data = encode_body(message)
+            data = encode_body(protocol.response(request, body))
         except (TypeError, ValueError) as exc:  # a body that is not JSON is our bug; the client still gets an answer
             log.exception("response to %s is not JSON: %s", request["command"], exc)
             self.respond_error(request, RewindError(f"Rewind could not put its answer to '{request['command']}' "
@@ -118,16 +106,11 @@ class Dispatcher:
                 f"the answer to '{request['command']}' would be {len(data) / 2**20:.1f} MiB, over the "
                 f"{MAX_RESPONSE_BYTES // 2**20} MiB one response may carry: ask for less (a smaller count or slice)"))
             return
-        self.deliver(Outgoing("response", data, True, request["seq"], request["command"]))
+        self.deliver(Message("response", data, True, request["seq"], request["command"]))
 
     def respond_error(self, request: dict[str, Any], exc: BaseException) -> None:
         command = request.get("command") or ""
         text = describe_failure(command, exc)
-        message = {"type": "response", "request_seq": request["seq"], "command": echo(command),
-                   "success": False, "message": text,
-                   "body": {"error": {"id": ERROR_ID, "format": text, "showUser": True}}}
-        self.deliver(Outgoing("response", encode_body(message), False, request["seq"], command))
+        message = protocol.error_response(request, text, echo(command))
+        self.deliver(Message("response", encode_body(message), False, request["seq"], command))
 
-
-def _body(body: Any) -> dict:
-    return {} if body is None else {"body": body}

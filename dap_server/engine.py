@@ -22,7 +22,7 @@ import threading
 from typing import Callable
 
 from dap_server import channel
-from dap_server.dispatch import Dispatcher, Outgoing
+from dap_server.dispatch import Dispatcher
 
 log = logging.getLogger("dap_server")
 MAX_PROGRAM_OUTPUT = 2**20  # bytes of the program's stdout shown to the client per session
@@ -60,10 +60,9 @@ async def serve(fd_in: int, fd_out: int, output_fd: int) -> Dispatcher:
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd_in, "rb", buffering=0))
     transport, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(fd_out, "wb", buffering=0))
 
-    def deliver(out: Outgoing) -> None:
+    def deliver(message: channel.Message) -> None:
         if not transport.is_closing():
-            transport.write(channel.pack(channel.Message(out.kind, out.json, out.success, out.request_seq,
-                                                         out.command, out.event)))
+            transport.write(channel.pack(message))
 
     def notify(kind: str, body: dict) -> None:  # from the worker thread
         if kind == "recording":

@@ -153,7 +153,7 @@ def decode(body: bytes) -> dict[str, Any] | FramingError:
     except ValueError as exc:
         return FramingError(f"invalid JSON in a message body ({exc}): {_preview(body)}", seq, command)
     if not isinstance(message, dict):
-        return FramingError(f"a message must be a JSON object, got {_JSON_KIND.get(type(message), 'a value')}")
+        return FramingError(f"a message must be a JSON object, got {JSON_KINDS.get(type(message), 'a value')}")
     seq, command = message.get("seq"), message.get("command")
     if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
         return FramingError(f"a message needs a positive integer 'seq', got {seq!r}",
@@ -165,7 +165,7 @@ def decode(body: bytes) -> dict[str, Any] | FramingError:
     return message
 
 
-_JSON_KIND = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
               type(None): "null"}
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _BRACKET = re.compile(rb"[\[\]{}]")
@@ -198,6 +198,25 @@ def encode_body(message: dict[str, Any]) -> bytes:
     except ValueError:
         text = json.dumps(json_safe(message), separators=(",", ":"), allow_nan=False)
     return text.encode("utf-8")
+
+
+ERROR_ID = 1
+
+
+def response(request: dict[str, Any], body: Any = None) -> dict[str, Any]:
+    """A successful response to `request` (no `seq`: the front numbers what the client receives)."""
+    return {"type": "response", "request_seq": request["seq"], "command": request["command"], "success": True,
+            **({} if body is None else {"body": body})}
+
+
+def error_response(request: dict[str, Any], text: str, command: str) -> dict[str, Any]:
+    """A failed response: `message` and `body.error.format` are the same plain sentence."""
+    return {"type": "response", "request_seq": request["seq"], "command": command, "success": False,
+            "message": text, "body": {"error": {"id": ERROR_ID, "format": text, "showUser": True}}}
+
+
+def event(name: str, body: Any = None) -> dict[str, Any]:
+    return {"type": "event", "event": name, **({} if body is None else {"body": body})}
 
 
 def frame(body: bytes) -> bytes:

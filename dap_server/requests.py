@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from dap_server.protocol import JSON_KINDS
 from hardware.errors import RewindError, echo
 
 
@@ -49,7 +50,7 @@ class Handler:
         if raw is None:
             raw = {}
         if not isinstance(raw, dict):
-            raise ArgumentsError(f"{self.command}: arguments must be a JSON object, got {_JSON_KINDS.get(type(raw), 'a value')}")
+            raise ArgumentsError(f"{self.command}: arguments must be a JSON object, got {JSON_KINDS.get(type(raw), 'a value')}")
         try:
             return self.arguments.model_validate(raw)
         except ValidationError as exc:
@@ -57,7 +58,6 @@ class Handler:
 
 
 REQUESTS: dict[str, Handler] = {}
-_JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
 
 
 def request(command: str, *, on_loop: bool = False, interrupts: bool = False):

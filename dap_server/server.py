@@ -34,13 +34,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from checkpoint.safe_files import partials_of
-from dap_server import channel
+from dap_server import channel, protocol
 from dap_server.protocol import FramingError, MessageReader, encode_body, frame, with_seq
 from hardware.errors import echo
 
 log = logging.getLogger("dap_server")
 READ_CHUNK = 1 << 16
-ERROR_ID = 1
 ROOT = Path(__file__).resolve().parent.parent
 _STOPPING = ("terminate", "disconnect")
 _DONE_WHEN_ENDED = (*_STOPPING, "pause", "cancel", "threads")  # what these ask for is what an engine's end gives
@@ -221,17 +220,13 @@ class ClientConnection:
             self.writer.write(frame(with_seq(self._seq, body)))
 
     def send_event(self, event: str, body: dict | None) -> None:
-        self.send_json(encode_body({"type": "event", "event": event, **({} if body is None else {"body": body})}))
+        self.send_json(encode_body(protocol.event(event, body)))
 
     def respond(self, request: dict[str, Any], body: Any) -> None:
-        self.send_json(encode_body({"type": "response", "request_seq": request["seq"], "command": request["command"],
-                                    "success": True, **({} if body is None else {"body": body})}))
+        self.send_json(encode_body(protocol.response(request, body)))
 
     def respond_error(self, request: dict[str, Any], text: str) -> None:
-        self.send_json(encode_body({
-            "type": "response", "request_seq": request["seq"], "command": echo(request.get("command") or ""),
-            "success": False, "message": text,
-            "body": {"error": {"id": ERROR_ID, "format": text, "showUser": True}}}))
+        self.send_json(encode_body(protocol.error_response(request, text, echo(request.get("command") or ""))))
 
     def _refuse(self, error: FramingError) -> None:
         log.warning("refused input: %s", error.message)
