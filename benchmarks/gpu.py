@@ -37,7 +37,7 @@ import torch  # noqa: E402
 import gpt  # noqa: E402
 from benchmarks.engine import step_back_latencies, timed  # noqa: E402
 from benchmarks.host import host_rows, node_by_node  # noqa: E402
-from hardware.drivers import torch_checks  # noqa: E402
+from hardware.drivers.torch import checks as torch_checks  # noqa: E402
 from hardware.drivers.torch import TorchDriver  # noqa: E402
 from hardware.frontends.torch_export import export_program  # noqa: E402
 from hardware.session import LaunchOptions, Session  # noqa: E402

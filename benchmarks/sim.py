@@ -91,7 +91,7 @@ def _from_start(session: Session, tick: int, k: int) -> None:
     tl = session.tl
     tl.forget_from(0)
     tl.seek(tick)
-    session._cursor().chip(tick, k - 1)
+    session.instructions.cursor.chip(tick, k - 1)
 
 
 def main() -> None:

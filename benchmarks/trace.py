@@ -19,7 +19,7 @@ import gpt  # noqa: E402
 
 from benchmarks.engine import print_rows  # noqa: E402
 from hardware.frontends.torch_export import export_program  # noqa: E402
-from hardware.session import LaunchOptions, Session  # noqa: E402
+from hardware.session import LaunchOptions, LineSpec, Session  # noqa: E402
 
 
 def main() -> None:
@@ -62,7 +62,7 @@ def main() -> None:
     first_stop = time.perf_counter() - t
     file = next(iter(trace.program.source_files))
     middle_line = next(n.loc.line for n in trace.program.nodes[len(trace.program.nodes) // 2:] if n.loc)
-    trace.set_line_breakpoints(file, [{"line": middle_line}])
+    trace.set_line_breakpoints(file, [LineSpec(middle_line)])
     t = time.perf_counter()
     stop = trace.run()
     for name in trace.live_values():

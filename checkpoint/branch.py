@@ -19,10 +19,15 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from hardware.driver import Driver
+from checkpoint.ring import VersionKey
+from checkpoint.steps import Step
+from checkpoint.trace import TraceWriter
+from checkpoint.versions import Archive
+from hardware.driver import Driver, execute_at, from_host, to_host
 from hardware.errors import DriverError, RewindError
 from hardware.instructions import InstructionDriver
 from hardware.program import Node, Ref
+from hardware.ticks import Tick
 
 
 class Patch(ABC):
@@ -52,7 +57,7 @@ class PrecisionPatch(Patch):
     dtype: str
 
     def run(self, driver: Driver, node: Node, args: tuple, kwargs: dict) -> list[Any]:
-        return driver.execute_at(node, args, kwargs, self.dtype)
+        return execute_at(driver, node, args, kwargs, self.dtype)
 
     def describe(self) -> str:
         return f"run at {self.dtype}"
@@ -78,14 +83,14 @@ class FunctionPatch(Patch):
         values = node_values(args, kwargs)
         on_host = bool(values) and not isinstance(values[0], torch.Tensor)
         if on_host:
-            args, kwargs = _map_values((args, kwargs), driver.to_host)
+            args, kwargs = _map_values((args, kwargs), lambda t: to_host(driver, t))
         with self.guard() if self.guard is not None else nullcontext():
             result = self.fn(*args, **kwargs)
         outputs = list(result) if isinstance(result, (tuple, list)) else [result]
         if len(outputs) != len(node.outputs) or not all(isinstance(t, torch.Tensor) for t in outputs):
             raise RewindError(f"the function {self.describe()} must return {len(node.outputs)} tensor(s) for "
                               f"{', '.join(node.outputs)}, got {_kinds(outputs)}")
-        return [driver.from_host(t) for t in outputs] if on_host else outputs
+        return [from_host(driver, t) for t in outputs] if on_host else outputs
 
     def describe(self) -> str:
         return f"replaced by {self.label or getattr(self.fn, '__name__', 'a function')}"
@@ -221,28 +226,28 @@ def _plain(value: Any) -> Any:
 class Branch:
     """What a branch set aside: enough to bring the recorded future back exactly."""
 
-    tick: int  # the first patched step: the future from here was re-executed
-    position: int  # where the timeline stood when the branch began
-    frontier: int
+    tick: Tick  # the first patched step: the future from here was re-executed
+    position: Tick  # where the timeline stood when the branch began
+    frontier: Tick
     patches: dict[int, Patch]  # the patches in force before this branch
     log: dict[str, np.ndarray]  # the write log's records from `tick` on
-    versions: dict[str, list[int]]  # each value's version ticks from `tick` on
-    schedule: list
-    node_tick: list[int]
-    recorder: Any  # a trace being recorded continuously: it records the original, not branches
-    archive: Any
-    seconds: dict[int, float] = field(default_factory=dict)  # how long each step from `tick` on took
+    versions: dict[str, list[Tick]]  # each value's version ticks from `tick` on
+    schedule: list[Step]
+    node_tick: list[Tick]
+    recorder: TraceWriter | None  # a trace being recorded continuously: it records the original, not branches
+    archive: Archive | None  # a trace's versions, as the Timeline saw them before the branch
+    seconds: dict[Tick, float] = field(default_factory=dict)  # how long each step from `tick` on took
 
 
 @dataclass(frozen=True)
 class ArchiveBefore:
     """A trace archive seen from a branch: only its versions written before the branch began."""
 
-    archive: Any
-    tick: int
+    archive: Archive
+    tick: Tick
 
-    def has(self, key: tuple[str, int]) -> bool:
+    def has(self, key: VersionKey) -> bool:
         return key[1] < self.tick and self.archive.has(key)
 
-    def load(self, key: tuple[str, int]) -> Any | None:
+    def load(self, key: VersionKey) -> Any | None:
         return self.archive.load(key) if key[1] < self.tick else None

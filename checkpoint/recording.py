@@ -10,10 +10,13 @@ from typing import Any, Callable
 
 from checkpoint.codec import encode_program
 from checkpoint.ring import Checkpoint
-from checkpoint.timeline import INITIAL, Edit, Step, Timeline
-from checkpoint.trace import TraceReader, TraceWriter, adopt_partial
+from checkpoint.steps import Edit, Step, edit_frame
+from checkpoint.timeline import Timeline
+from checkpoint.trace import TraceArchive, TraceReader, TraceWriter, adopt_partial
+from checkpoint.versions import INITIAL
 from hardware.driver import Driver
 from hardware.program import Program
+from hardware.recorded import RecordedInitial, TraceDriverFactory
 from provenance.writelog import KIND_NAMES, KIND_VIEW
 
 
@@ -66,7 +69,7 @@ def _save_frames(writer: TraceWriter, timeline: Timeline, progress: Callable[[in
         rows_by_tick.setdefault(log.row(i)[0], []).append(i)
     for tick in range(timeline.frontier):
         step = timeline.schedule[tick]
-        writer.step(tick, step.unit, step.node, _edit(step))
+        writer.step(tick, step.unit, step.node, edit_frame(step.edit))
         for i in rows_by_tick.get(tick, []):
             row = log.row(i)
             writer.write(row)
@@ -84,26 +87,21 @@ def _initial_contents(timeline: Timeline) -> dict[str, Any]:
     return {name: timeline.value_version(name, INITIAL) for name in timeline.initial}
 
 
-def _edit(step: Step) -> dict | None:
-    e = step.edit
-    return None if e is None else {"value": e.value, "offset": e.offset, "data": e.data, "description": e.description}
-
-
-def open_trace(path: str, make_timeline: Callable[[Program, Driver, Any], Timeline],
-               recompute: Driver | None = None) -> tuple[Program, Timeline, TraceReader]:
+def open_trace(path: str, make_timeline: Callable[[Program, Driver, TraceArchive], Timeline],
+               driver_for: TraceDriverFactory, recompute: Driver | None = None) -> tuple[Program, Timeline, TraceReader]:
     """Rebuild the Program and a Timeline positioned at tick 0 whose recorded steps come from the trace.
 
+    `driver_for` builds the driver standing in for the recording device from the reader and `recompute`
+    (the registry's `hardware.drivers.trace_driver`).
     The reader has checked every frame (checkpoint/trace.py): what it returns names only nodes, values and
     ticks the trace holds, and ends at the last step whose writes all reached the file. A recording that
     ends before the program does adds a note to `reader.contents.warnings` saying where."""
-    from hardware.drivers.trace import TraceArchive, TraceDriver, _LazyInitial
-
     reader = TraceReader(path)
     try:
         c = reader.contents
         program = reader.program
-        program.initial = _LazyInitial(reader)
-        driver = TraceDriver(reader, recompute)
+        program.initial = RecordedInitial(reader)
+        driver = driver_for(reader, recompute)
         timeline = make_timeline(program, driver, TraceArchive(reader))
         steps = [Step(unit, node, Edit(edit["value"], edit["offset"], bytes(edit["data"]),
                                        edit.get("description", "")) if edit else None)

@@ -12,13 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable
 
+from hardware.driver import CheckpointPool
+from hardware.ticks import Tick
 
-VersionKey = tuple[str, int]  # (value name, tick that wrote it; -1 for the initial state)
+
+VersionKey = tuple[str, Tick]  # (value name, tick that wrote it; -1 for the initial state)
 
 
 @dataclass
 class Checkpoint:
-    tick: int
+    tick: Tick
     pins: frozenset[VersionKey]
     tier: str = "host"
     thinned: bool = False  # no longer protects its pins: they spill down the tiers (or are recomputed)
@@ -39,12 +42,12 @@ class Ring:
     storage_of: Callable[[Any], tuple[Hashable, int]]  # tensor -> (allocation key, allocation bytes)
     tier: str = "host"
     spill: Callable[[VersionKey, Any], None] | None = None  # where evicted versions go (lower tiers)
-    pool: Any = None  # checkpoint.device_pool.DevicePool: retained versions are copies in it, not references
-    free_storages: set = field(default_factory=set)  # allocations owned by the Program (cost nothing)
+    pool: CheckpointPool | None = None  # the driver's device-side pool: retained versions are copies in it
+    free_storages: set[Hashable] = field(default_factory=set)  # allocations owned by the Program (cost nothing)
     _slots: dict[VersionKey, _Slot] = field(default_factory=dict)
     _refs: dict[Hashable, int] = field(default_factory=dict)  # allocation -> retained versions using it
     _sizes: dict[Hashable, int] = field(default_factory=dict)
-    checkpoints: dict[int, Checkpoint] = field(default_factory=dict)
+    checkpoints: dict[Tick, Checkpoint] = field(default_factory=dict)
     used: int = 0
     peak: int = 0
     evictions: int = 0
@@ -71,7 +74,7 @@ class Ring:
         return nbytes if self.pool is None else self.pool.cost(tensor)
 
     def put(self, key: VersionKey, tensor: Any, protect: Callable[[VersionKey], bool],
-            distance: Callable[[VersionKey], Any], position: int) -> bool:
+            distance: Callable[[VersionKey], tuple[int, int]], position: Tick) -> bool:
         """Retain `tensor` if room can be made; `protect` marks versions that must stay.
 
         Returns False when even after eviction and thinning it does not fit: the caller then
@@ -105,7 +108,7 @@ class Ring:
             if self.pool is not None:
                 self.pool.release(slot.storage)
 
-    def drop_after(self, tick: int) -> None:
+    def drop_after(self, tick: Tick) -> None:
         """Forget versions written at or after `tick` and the checkpoints past it."""
         for key in [k for k in self._slots if k[1] >= tick]:
             self.drop(key)
@@ -119,7 +122,8 @@ class Ring:
                 out |= cp.pins
         return out
 
-    def _make_room(self, need: int, protect, distance, position: int, incoming: VersionKey) -> bool:
+    def _make_room(self, need: int, protect: Callable[[VersionKey], bool], distance: Callable[[VersionKey], tuple[int, int]],
+                   position: Tick, incoming: VersionKey) -> bool:
         if need > self.budget:
             return False
         while not self._room(need):
@@ -140,7 +144,7 @@ class Ring:
         """Can `need` more bytes be retained (in one free range of the pool, when there is one)?"""
         return self.used + need <= self.budget and (self.pool is None or need == 0 or self.pool.fits(need))
 
-    def _thin(self, position: int) -> bool:
+    def _thin(self, position: Tick) -> bool:
         """Thin the checkpoint whose loss leaves the smallest gap relative to its distance from now: it
         stays listed, but its versions may now leave this tier."""
         ticks = sorted(t for t, cp in self.checkpoints.items() if not cp.thinned)

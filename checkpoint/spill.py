@@ -20,6 +20,7 @@ import torch
 from checkpoint.codec import encode_tensor
 from checkpoint.ring import VersionKey
 from checkpoint.tiers import HostTier
+from hardware.ticks import Tick
 
 
 def _compress(host: torch.Tensor, copied: Any) -> dict:
@@ -93,7 +94,7 @@ class PinnedSpill:
         host = self.below.load(key)
         return self.restore(host) if host is not None else None
 
-    def drop_after(self, tick: int) -> None:
+    def drop_after(self, tick: Tick) -> None:
         for key in [k for k in self._pending if k[1] >= tick]:
             self.in_flight -= self._pending.pop(key)[1]
         self.below.drop_after(tick)

@@ -18,6 +18,7 @@ import msgpack
 from checkpoint.codec import decode_tensor, encode_tensor
 from checkpoint.ring import VersionKey
 from hardware.errors import RewindError
+from hardware.ticks import Tick
 
 
 class HostTier:
@@ -60,7 +61,7 @@ class HostTier:
             return decode_tensor(enc)
         return self.below.load(key) if self.below is not None else None
 
-    def drop_after(self, tick: int) -> None:
+    def drop_after(self, tick: Tick) -> None:
         for key in [k for k in self._items if k[1] >= tick]:
             enc = self._items.pop(key)
             self.used -= len(enc["data"])
@@ -124,7 +125,7 @@ class DiskTier:
             return None
         return decode_tensor(msgpack.unpackb(self._read(key), raw=False))
 
-    def drop_after(self, tick: int) -> None:
+    def drop_after(self, tick: Tick) -> None:
         for key in [k for k in self._where if k[1] >= tick]:
             self.used -= self._where.pop(key)[1]
 

@@ -28,6 +28,7 @@ from checkpoint.codec import check_shape, decode_program, decode_tensor, dtype_o
 from checkpoint.safe_files import AtomicFile, FileWriteError, place, write_error
 from hardware.errors import RewindError
 from hardware.program import Program
+from hardware.ticks import Tick
 from provenance.writelog import KIND_BUFFER, KIND_EDIT, KIND_NODE, KIND_VIEW
 from provenance.writelog import KIND_NAMES as KIND_NAMES_WRITES
 
@@ -123,23 +124,23 @@ class TraceWriter:
         self.bytes_raw += enc["nbytes"]
         self._frame(INITIAL, {"name": name, "tensor": enc}, [name])
 
-    def step(self, tick: int, unit: int, node: int | None, edit: dict | None = None) -> None:
+    def step(self, tick: Tick, unit: int, node: int | None, edit: dict | None = None) -> None:
         self._frame(STEP, [tick, unit, node, edit])
 
     def write(self, row: list) -> None:
         self._frame(WRITE, row)
 
-    def version(self, name: str, tick: int, tensor: Any) -> None:
+    def version(self, name: str, tick: Tick, tensor: Any) -> None:
         started = time.perf_counter()
         enc = encode_tensor(tensor)
         self.seconds += time.perf_counter() - started
         self.bytes_raw += enc["nbytes"]
         self._frame(VERSION_FRAME, {"name": name, "tick": tick, "tensor": enc}, [name, tick])
 
-    def checkpoint(self, tick: int, pins: list) -> None:
+    def checkpoint(self, tick: Tick, pins: list) -> None:
         self._frame(CHECKPOINT, [tick, [list(p) for p in pins]])
 
-    def truncate(self, tick: int) -> None:
+    def truncate(self, tick: Tick) -> None:
         self._frame(TRUNCATE, tick)
 
     def close(self) -> Path:
@@ -516,10 +517,23 @@ class TraceReader:
         offset = self.contents.initial.get(name)
         return None if offset is None else self._tensor(offset, (INITIAL,), (name,))
 
-    def version(self, name: str, tick: int) -> Any | None:
+    def version(self, name: str, tick: Tick) -> Any | None:
         """`name` as written at `tick`; None if the trace does not hold it."""
         offset = self.contents.versions.get((name, tick))
         return None if offset is None else self._tensor(offset, (VERSION_FRAME,), (name, tick))
+
+
+class TraceArchive:
+    """The versions a trace holds, loaded on demand: a Timeline's archive (looked in before recomputing)."""
+
+    def __init__(self, reader: TraceReader):
+        self.reader = reader
+
+    def has(self, key: tuple[str, Tick]) -> bool:
+        return key in self.reader.contents.versions
+
+    def load(self, key: tuple[str, Tick]) -> Any | None:
+        return self.reader.version(*key)
 
 
 class _Bad(Exception):
@@ -687,7 +701,7 @@ def _check_checkpoint(obj: Any, ticks: int, initial: dict[str, int], rows: dict[
     return obj
 
 
-def _apply_truncate(c: TraceContents, tick: int) -> None:
+def _apply_truncate(c: TraceContents, tick: Tick) -> None:
     c.steps = [s for s in c.steps if s[0] < tick]
     c.writes = [w for w in c.writes if w[0] < tick]
     c.versions = {k: v for k, v in c.versions.items() if k[1] < tick}

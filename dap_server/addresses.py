@@ -8,7 +8,7 @@ from dap_server.requests import StrictArguments, request
 from hardware.errors import RewindError, echo
 
 if TYPE_CHECKING:
-    from dap_server.adapter import Adapter
+    from dap_server.context import RequestContext  # the adapter, as far as handlers use it
 
 
 class ValueAtArguments(StrictArguments):
@@ -17,7 +17,7 @@ class ValueAtArguments(StrictArguments):
 
 
 @request("valueAt")
-def value_at(adapter: "Adapter", args: ValueAtArguments) -> dict:
+def value_at(adapter: "RequestContext", args: ValueAtArguments) -> dict:
     adapter.require_launched()
     session = adapter.session
     tick = session.position if args.tick is None else args.tick

@@ -14,7 +14,7 @@ from dap_server.lifecycle import LaunchArguments, launch
 from dap_server.requests import request
 
 if TYPE_CHECKING:
-    from dap_server.adapter import Adapter
+    from dap_server.context import RequestContext  # the adapter, as far as handlers use it
 
 
 class AttachArguments(LaunchArguments):
@@ -23,5 +23,5 @@ class AttachArguments(LaunchArguments):
 
 
 @request("attach")
-def attach(adapter: "Adapter", args: AttachArguments) -> None:
+def attach(adapter: "RequestContext", args: AttachArguments) -> None:
     launch(adapter, args)

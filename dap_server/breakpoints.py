@@ -12,10 +12,11 @@ from dap_server.requests import Arguments, capability, request
 from dap_server.sources import SourceRef, source_path
 from dap_server.variables import Entry, TensorSlice, Values, stats_text
 from hardware.errors import RewindError, brief, echo
+from hardware.session.breakpoints import DataSpec, FunctionSpec, LineSpec
 
 if TYPE_CHECKING:
-    from dap_server.adapter import Adapter
-    from hardware.breakpoints import Breakpoint
+    from dap_server.context import RequestContext  # the adapter, as far as handlers use it
+    from hardware.session.breakpoints import Breakpoint
 
 EXCEPTION_FILTERS = [
     {"filter": "nan", "label": "NaN written", "default": True,
@@ -38,7 +39,7 @@ EXCEPTION_KINDS = {"nan": "NaN", "inf": "Inf", "divergence": "Divergence", "race
 DEFAULT_EXCEPTION_FILTERS = {f["filter"] for f in EXCEPTION_FILTERS if f["default"]}
 
 
-def _breakpoint(adapter: "Adapter", bp: "Breakpoint", source: SourceRef | None = None,
+def _breakpoint(adapter: "RequestContext", bp: "Breakpoint", source: SourceRef | None = None,
                 line: int | None = None) -> dict:
     out: dict[str, Any] = {"id": bp.id, "verified": bp.verified}
     if bp.message:
@@ -49,7 +50,7 @@ def _breakpoint(adapter: "Adapter", bp: "Breakpoint", source: SourceRef | None =
     return out
 
 
-def changed_line_breakpoints(adapter: "Adapter") -> None:
+def changed_line_breakpoints(adapter: "RequestContext") -> None:
     """After launch binds breakpoints set before it to lines, tell the client where they ended up."""
     for path, bps in adapter.session.line_breakpoints.items():
         for bp in bps:
@@ -76,12 +77,11 @@ class SetBreakpointsArguments(Arguments):
 @capability("supportsConditionalBreakpoints")
 @capability("supportsHitConditionalBreakpoints")
 @capability("supportsLogPoints")
-def set_breakpoints(adapter: "Adapter", args: SetBreakpointsArguments) -> dict:
+def set_breakpoints(adapter: "RequestContext", args: SetBreakpointsArguments) -> dict:
     wanted = args.breakpoints if args.breakpoints is not None else [SourceBreakpoint(line=n) for n in args.lines or []]
-    specs = [{"line": adapter.engine_line(b.line), "condition": b.condition, "hitCondition": b.hitCondition,
-              "logMessage": b.logMessage} for b in wanted]
+    specs = [LineSpec(adapter.engine_line(b.line), b.condition, b.hitCondition, b.logMessage) for b in wanted]
     bps = adapter.session.set_line_breakpoints(source_path(args.source), specs)
-    return {"breakpoints": [_breakpoint(adapter, bp, args.source, spec["line"]) for bp, spec in zip(bps, specs)]}
+    return {"breakpoints": [_breakpoint(adapter, bp, args.source, spec.line) for bp, spec in zip(bps, specs)]}
 
 
 class FunctionBreakpoint(Arguments):
@@ -96,9 +96,9 @@ class SetFunctionBreakpointsArguments(Arguments):
 
 @request("setFunctionBreakpoints")
 @capability("supportsFunctionBreakpoints")
-def set_function_breakpoints(adapter: "Adapter", args: SetFunctionBreakpointsArguments) -> dict:
+def set_function_breakpoints(adapter: "RequestContext", args: SetFunctionBreakpointsArguments) -> dict:
     """Node names (`softmax_1`), ops (`aten.softmax`), module paths (`blocks.2.attn`)."""
-    specs = [b.model_dump() for b in args.breakpoints]
+    specs = [FunctionSpec(b.name, b.condition, b.hitCondition) for b in args.breakpoints]
     return {"breakpoints": [_breakpoint(adapter, bp) for bp in adapter.session.set_function_breakpoints(specs)]}
 
 
@@ -114,7 +114,7 @@ class SetExceptionBreakpointsArguments(Arguments):
 
 @request("setExceptionBreakpoints")
 @capability("exceptionBreakpointFilters", EXCEPTION_FILTERS)
-def set_exception_breakpoints(adapter: "Adapter", args: SetExceptionBreakpointsArguments) -> dict:
+def set_exception_breakpoints(adapter: "RequestContext", args: SetExceptionBreakpointsArguments) -> dict:
     known = {f["filter"] for f in EXCEPTION_FILTERS}
     asked = list(args.filters) + [o.filterId for o in args.filterOptions or []]
     adapter.session.set_exception_filters({f for f in asked if f in known})
@@ -130,7 +130,7 @@ class ExceptionInfoArguments(Arguments):
 
 @request("exceptionInfo")
 @capability("supportsExceptionInfoRequest")
-def exception_info(adapter: "Adapter", args: ExceptionInfoArguments) -> dict:
+def exception_info(adapter: "RequestContext", args: ExceptionInfoArguments) -> dict:
     adapter.require_launched()
     d = adapter.session.exception_info()
     kind = EXCEPTION_KINDS[d.filter]
@@ -139,12 +139,19 @@ def exception_info(adapter: "Adapter", args: ExceptionInfoArguments) -> dict:
     what = "element(s) beyond tolerance of the reference in" if d.filter == "divergence" else f"{kind} written to"
     trace = (f"{d.count} {what} '{d.value}', first at index {first}\n"
              f"by node '{d.node}' ({d.op}) at {d.source or 'no source line'}\ninputs:\n{inputs or '  none'}")
-    if d.filter in ("race", "hang"):  # the units involved are in the evidence (hardware/instruction_cursor.py)
+    if d.filter in ("race", "hang"):  # the units involved are in the evidence (hardware/session/instruction_cursor.py)
         trace = d.description()
     return {"exceptionId": d.filter, "description": d.description(), "breakMode": "always",
             "details": {"message": d.description(), "typeName": kind, "fullTypeName": d.op, "evaluateName": d.value,
                         "stackTrace": trace, "node": d.node, "source": d.source, "count": d.count,
-                        "firstIndex": first, "inputs": d.inputs, "evidence": d.evidence}}
+                        "firstIndex": first, "inputs": d.inputs, "evidence": _wire_evidence(d.evidence)}}
+
+
+def _wire_evidence(evidence: dict) -> dict:
+    """A race's evidence names the memory it touched as `addressRange`, the protocol's word for a span."""
+    if "addresses" not in evidence:
+        return evidence
+    return {("addressRange" if key == "addresses" else key): value for key, value in evidence.items()}
 
 
 class DataBreakpointInfoArguments(Arguments):
@@ -155,7 +162,7 @@ class DataBreakpointInfoArguments(Arguments):
 
 @request("dataBreakpointInfo")
 @capability("supportsDataBreakpoints")
-def data_breakpoint_info(adapter: "Adapter", args: DataBreakpointInfoArguments) -> dict:
+def data_breakpoint_info(adapter: "RequestContext", args: DataBreakpointInfoArguments) -> dict:
     """A whole value can be watched for writes; its data id is its Program value name."""
     adapter.require_launched()
     try:
@@ -166,7 +173,7 @@ def data_breakpoint_info(adapter: "Adapter", args: DataBreakpointInfoArguments) 
             "canPersist": True}
 
 
-def _watchable(adapter: "Adapter", args: DataBreakpointInfoArguments) -> str:
+def _watchable(adapter: "RequestContext", args: DataBreakpointInfoArguments) -> str:
     if not args.variablesReference:
         return adapter.resolve_value(args.name, adapter.frame_level(args.frameId))
     container = adapter.variables.get(args.variablesReference)
@@ -191,11 +198,11 @@ class SetDataBreakpointsArguments(Arguments):
 
 
 @request("setDataBreakpoints")
-def set_data_breakpoints(adapter: "Adapter", args: SetDataBreakpointsArguments) -> dict:
+def set_data_breakpoints(adapter: "RequestContext", args: SetDataBreakpointsArguments) -> dict:
     """Writes only: reads are not observed (a read leaves nothing in the write log)."""
     writes = [b for b in args.breakpoints if b.accessType in (None, "write")]
     bps = iter(adapter.session.set_data_breakpoints(
-        [{"dataId": b.dataId, "condition": b.condition, "hitCondition": b.hitCondition} for b in writes]))
+        [DataSpec(b.dataId, b.condition, b.hitCondition) for b in writes]))
     return {"breakpoints": [_breakpoint(adapter, next(bps)) if b.accessType in (None, "write") else
                             {"verified": False, "message": f"'{b.accessType}' is not watched: only writes are"}
                             for b in args.breakpoints]}
@@ -211,7 +218,7 @@ class BreakpointLocationsArguments(Arguments):
 
 @request("breakpointLocations")
 @capability("supportsBreakpointLocationsRequest")
-def breakpoint_locations(adapter: "Adapter", args: BreakpointLocationsArguments) -> dict:
+def breakpoint_locations(adapter: "RequestContext", args: BreakpointLocationsArguments) -> dict:
     """The lines in the range where a node runs (where a breakpoint would bind as asked)."""
     adapter.require_launched()
     first = adapter.engine_line(args.line)

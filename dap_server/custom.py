@@ -11,7 +11,7 @@ from dap_server.requests import StrictArguments, request
 from hardware.errors import RewindError
 
 if TYPE_CHECKING:
-    from dap_server.adapter import Adapter
+    from dap_server.context import RequestContext  # the adapter, as far as handlers use it
 
 MAX_TIMELINE_TICKS = 10_000
 
@@ -21,7 +21,7 @@ class CheckpointsArguments(StrictArguments):
 
 
 @request("checkpoints")
-def checkpoints(adapter: "Adapter", args: CheckpointsArguments) -> dict:
+def checkpoints(adapter: "RequestContext", args: CheckpointsArguments) -> dict:
     adapter.require_launched()
     return {"checkpoints": adapter.session.checkpoints()}
 
@@ -31,7 +31,7 @@ class RestoreCheckpointArguments(StrictArguments):
 
 
 @request("restoreCheckpoint")
-def restore_checkpoint(adapter: "Adapter", args: RestoreCheckpointArguments) -> None:
+def restore_checkpoint(adapter: "RequestContext", args: RestoreCheckpointArguments) -> None:
     adapter.require_launched()
     ticks = [c["tick"] for c in adapter.session.checkpoints()]
     if args.tick not in ticks:
@@ -45,7 +45,7 @@ class ValueArguments(StrictArguments):
 
 
 @request("locate")
-def locate(adapter: "Adapter", args: ValueArguments) -> dict:
+def locate(adapter: "RequestContext", args: ValueArguments) -> dict:
     value = adapter.resolve_value(args.name, adapter.frame_level(args.frameId))
     return adapter.session.locate(value).to_dict()
 
@@ -55,7 +55,7 @@ class ProvenanceArguments(ValueArguments):
 
 
 @request("provenance")
-def provenance(adapter: "Adapter", args: ProvenanceArguments) -> dict:
+def provenance(adapter: "RequestContext", args: ProvenanceArguments) -> dict:
     value = adapter.resolve_value(args.name, adapter.frame_level(args.frameId))
     return adapter.session.provenance(value, max_history=args.maxHistory)
 
@@ -66,7 +66,7 @@ class TimelineArguments(StrictArguments):
 
 
 @request("timeline")
-def timeline(adapter: "Adapter", args: TimelineArguments) -> dict:
+def timeline(adapter: "RequestContext", args: TimelineArguments) -> dict:
     adapter.require_launched()
     session = adapter.session
     start = session.position if args.start is None else args.start

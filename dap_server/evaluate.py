@@ -16,7 +16,7 @@ from dap_server.variables import result_variable, value_variable
 from hardware.errors import RewindError
 
 if TYPE_CHECKING:
-    from dap_server.adapter import Adapter
+    from dap_server.context import RequestContext  # the adapter, as far as handlers use it
 
 MAX_RESULT_CHARS = 64 * 1024
 
@@ -30,7 +30,7 @@ class EvaluateArguments(Arguments):
 
 @request("evaluate")
 @capability("supportsEvaluateForHovers")
-def evaluate(adapter: "Adapter", args: EvaluateArguments) -> dict:
+def evaluate(adapter: "RequestContext", args: EvaluateArguments) -> dict:
     adapter.require_launched()
     level = adapter.frame_level(args.frameId)
     text = args.expression.strip()

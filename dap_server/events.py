@@ -13,13 +13,14 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from dap_server.breakpoints import EXCEPTION_KINDS
-from hardware.session import SessionEvent
+from hardware import events as domain
+from hardware.events import PROGRESS_DELAY_S, SessionEvent
 
 if TYPE_CHECKING:
-    from dap_server.adapter import Adapter
+    from dap_server.context import RequestContext  # the adapter, as far as handlers use it
 
 MAIN_THREAD = 1  # DAP thread id of unit 0; unit i is thread i + 1
-PROGRESS_DELAY_S = 0.5
+OUTPUT_CATEGORIES = {"important": "important", "log": "console", "error": "stderr"}
 
 
 class Progress:
@@ -66,41 +67,42 @@ class Progress:
 class SessionEvents:
     """The Session's `on_event`: translates each domain event for the adapter's client."""
 
-    def __init__(self, adapter: "Adapter"):
+    def __init__(self, adapter: "RequestContext"):
         self.adapter = adapter
         self.current: Progress | None = None
         self._progress_numbers = itertools.count(1)  # this session's own: ids start at 1 in every session
 
     def __call__(self, event: SessionEvent) -> None:
-        body, emit = event.body, self.adapter.emit
-        if event.kind == "stopped":
+        emit = self.adapter.emit
+        if isinstance(event, domain.Stopped):
             self.end_progress()
-            emit("stopped", self._stopped(body))
-        elif event.kind == "output":
-            emit("output", {"category": body.get("category", "console"), "output": body["text"]})
-        elif event.kind == "progress":
+            emit("stopped", self._stopped(event))
+        elif isinstance(event, domain.Output):
+            emit("output", {"category": OUTPUT_CATEGORIES[event.level], "output": event.text})
+        elif isinstance(event, domain.Progress):
             if self.current is not None:
-                self.current.update(body["message"], body.get("percentage"))
-        elif event.kind == "invalidated":
-            self.invalidate(*body["areas"])
-        elif event.kind == "recording":  # for the front: it keeps the recording if this engine dies
-            self.adapter.notify("recording", body)
-        # "nondeterminism" arrives together with an output event that says it in words.
+                self.current.update(event.message, event.percentage)
+        elif isinstance(event, domain.Invalidated):
+            self.invalidate(*(["variables"] if event.values else []) + (["stacks"] if event.frames else []))
+        elif isinstance(event, domain.RecordingStarted):  # for the front: it keeps the recording if this engine dies
+            self.adapter.notify("recording", {"partial": event.partial, "target": event.target,
+                                              "overwrite": event.overwrite})
+        # Nondeterminism arrives together with an Output that says it in words.
 
     def invalidate(self, *areas: str) -> None:
         if self.adapter.client.invalidated:
             self.adapter.emit("invalidated", {"areas": list(areas)})
 
-    def _stopped(self, body: dict) -> dict:
-        unit = body.get("unit")  # the unit a stop on a many-core chip is about (a race's second access)
-        out: dict[str, Any] = {"reason": body["reason"], "threadId": MAIN_THREAD if unit is None else unit + 1,
+    def _stopped(self, event: domain.Stopped) -> dict:
+        unit = event.unit  # the unit a stop on a many-core chip is about (a race's second access)
+        out: dict[str, Any] = {"reason": event.reason, "threadId": MAIN_THREAD if unit is None else unit + 1,
                                "allThreadsStopped": True}
-        if body.get("description"):
-            out["description"] = body["description"]
-        if body.get("hitBreakpointIds"):
-            out["hitBreakpointIds"] = list(body["hitBreakpointIds"])
+        if event.description:
+            out["description"] = event.description
+        if event.breakpoint_ids:
+            out["hitBreakpointIds"] = list(event.breakpoint_ids)
         stop = self.adapter.session.last_stop
-        if body["reason"] == "exception" and stop is not None and stop.exception is not None:
+        if event.reason == "exception" and stop is not None and stop.exception is not None:
             out["text"] = EXCEPTION_KINDS[stop.exception.filter]
         return out
 
@@ -123,7 +125,7 @@ class SessionEvents:
 
 
 @contextmanager
-def working(adapter: "Adapter", title: str) -> Iterator[None]:
+def working(adapter: "RequestContext", title: str) -> Iterator[None]:
     """A long custom request: progress shown at once (not after the usual half second)."""
     adapter.require_launched()
     with adapter.events.progress(title, cancellable=False) as progress:

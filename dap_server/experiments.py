@@ -17,7 +17,7 @@ from provenance.experiments import ORIGINAL
 from provenance.fixes import named_patch
 
 if TYPE_CHECKING:
-    from dap_server.adapter import Adapter
+    from dap_server.context import RequestContext  # the adapter, as far as handlers use it
 
 DEFAULT_BRANCH = "experiment"
 
@@ -40,7 +40,7 @@ class AddPatchArguments(StrictArguments):
 
 
 @request("addPatch")
-def add_patch(adapter: "Adapter", args: AddPatchArguments) -> dict:
+def add_patch(adapter: "RequestContext", args: AddPatchArguments) -> dict:
     """Add a named patch to a branch and install that branch (the position stays)."""
     session = _launched(adapter)
     edit = args.edit.model_dump() if args.edit else None
@@ -57,7 +57,7 @@ class RemovePatchArguments(StrictArguments):
 
 
 @request("removePatch")
-def remove_patch(adapter: "Adapter", args: RemovePatchArguments) -> dict:
+def remove_patch(adapter: "RequestContext", args: RemovePatchArguments) -> dict:
     session = _launched(adapter)
     with _changing(adapter, f"Removing {args.name}"):
         session.experiments.remove(args.branch, args.name)
@@ -69,7 +69,7 @@ class ListPatchesArguments(StrictArguments):
 
 
 @request("listPatches")
-def list_patches(adapter: "Adapter", args: ListPatchesArguments) -> dict:
+def list_patches(adapter: "RequestContext", args: ListPatchesArguments) -> dict:
     return _launched(adapter).experiments.listing()
 
 
@@ -78,7 +78,7 @@ class RestoreBranchArguments(StrictArguments):
 
 
 @request("restoreBranch")
-def restore_branch(adapter: "Adapter", args: RestoreBranchArguments) -> dict:
+def restore_branch(adapter: "RequestContext", args: RestoreBranchArguments) -> dict:
     """Install a branch; the original by default: undo, the recorded pass back bit for bit."""
     session = _launched(adapter)
     with _changing(adapter, f"Restoring {args.branch}"):
@@ -92,7 +92,7 @@ class MeasureBranchArguments(StrictArguments):
 
 
 @request("measureBranch")
-def measure_branch(adapter: "Adapter", args: MeasureBranchArguments) -> dict:
+def measure_branch(adapter: "RequestContext", args: MeasureBranchArguments) -> dict:
     """Outputs against the reference and the original, each node's error and time from the patch point on."""
     session = _launched(adapter)
     branch = args.branch or session.experiments.active
@@ -107,19 +107,19 @@ class CompareBranchesArguments(StrictArguments):
 
 
 @request("compareBranches")
-def compare_branches(adapter: "Adapter", args: CompareBranchesArguments) -> dict:
+def compare_branches(adapter: "RequestContext", args: CompareBranchesArguments) -> dict:
     session = _launched(adapter)
     with _changing(adapter, f"Comparing {len(args.branches)} branch(es)"):
         return session.experiments.compare(args.branches)
 
 
-def _launched(adapter: "Adapter"):
+def _launched(adapter: "RequestContext"):
     adapter.require_launched()
     return adapter.session
 
 
 @contextmanager
-def _changing(adapter: "Adapter", title: str) -> Iterator[None]:
+def _changing(adapter: "RequestContext", title: str) -> Iterator[None]:
     """Progress while the installed branch changes; variables and stacks are stale afterwards."""
     try:
         with working(adapter, title[:200]):

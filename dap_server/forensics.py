@@ -16,7 +16,7 @@ from provenance.ablation import DEFAULT_MAX_TRIALS, ablate, search
 from provenance.experiments import nodes_named
 
 if TYPE_CHECKING:
-    from dap_server.adapter import Adapter
+    from dap_server.context import RequestContext  # the adapter, as far as handlers use it
 
 MAX_ROWS = 100_000
 
@@ -28,7 +28,7 @@ class CompareWithReferenceArguments(StrictArguments):
 
 
 @request("compareWithReference")
-def compare_with_reference(adapter: "Adapter", args: CompareWithReferenceArguments) -> dict:
+def compare_with_reference(adapter: "RequestContext", args: CompareWithReferenceArguments) -> dict:
     """The per-node table: each floating output of each node against the reference."""
     with working(adapter, "Comparing with the reference"):
         f = adapter.session.forensics
@@ -42,7 +42,7 @@ class FirstDivergenceArguments(StrictArguments):
 
 
 @request("firstDivergence")
-def first_divergence(adapter: "Adapter", args: FirstDivergenceArguments) -> dict:
+def first_divergence(adapter: "RequestContext", args: FirstDivergenceArguments) -> dict:
     """The first node whose error beyond tolerance it introduced (or where accumulated error crosses it)."""
     with working(adapter, "Looking for the first divergence"):
         f = adapter.session.forensics
@@ -66,7 +66,7 @@ class AblatePrecisionArguments(StrictArguments):
 
 
 @request("ablatePrecision")
-def ablate_precision(adapter: "Adapter", args: AblatePrecisionArguments) -> dict:
+def ablate_precision(adapter: "RequestContext", args: AblatePrecisionArguments) -> dict:
     """Run nodes at higher precision from the checkpoint before them, measure the outputs, restore."""
     with working(adapter, "Precision ablation"):
         f = adapter.session.forensics
@@ -76,12 +76,12 @@ def ablate_precision(adapter: "Adapter", args: AblatePrecisionArguments) -> dict
         return {"ablation": ablate(f, nodes, args.dtype).to_dict()}
 
 
-def _named(adapter: "Adapter", specs: list[str]) -> list[Node]:
+def _named(adapter: "RequestContext", specs: list[str]) -> list[Node]:
     found = {n.index: n for spec in specs for n in nodes_named(adapter.session.program, spec)}
     return [found[i] for i in sorted(found)]
 
 
-def _span(adapter: "Adapter", span: list[str]) -> list[Node]:
+def _span(adapter: "RequestContext", span: list[str]) -> list[Node]:
     first, last = (_named(adapter, [name])[0 if i == 0 else -1].index for i, name in enumerate(span))
     if last < first:
         raise RewindError(f"the span's last node '{span[1]}' runs before its first '{span[0]}'")

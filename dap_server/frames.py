@@ -9,14 +9,14 @@ from dap_server.requests import Arguments, capability, request
 from hardware.errors import RewindError
 
 if TYPE_CHECKING:
-    from dap_server.adapter import Adapter
+    from dap_server.context import RequestContext  # the adapter, as far as handlers use it
     from hardware.session import FrameInfo
 
 
 FRAMES_PER_THREAD = 10_000  # frame ids of thread t are (t - 1) * FRAMES_PER_THREAD + level + 1
 
 
-def thread_unit(adapter: "Adapter", thread_id: int) -> int:
+def thread_unit(adapter: "RequestContext", thread_id: int) -> int:
     """The unit a DAP thread id names (ids are 1..units), or a clear error."""
     adapter.require_launched()
     count = len(adapter.session.units())
@@ -30,7 +30,7 @@ class ThreadsArguments(Arguments):
 
 
 @request("threads", on_loop=True)
-def threads(adapter: "Adapter", args: ThreadsArguments) -> dict:
+def threads(adapter: "RequestContext", args: ThreadsArguments) -> dict:
     """Answered on the event loop: the unit list is fixed at launch, so it never waits for a motion."""
     units = adapter.session.units() if adapter.loaded else []
     return {"threads": [{"id": i + 1, "name": name} for i, name in enumerate(units)]}
@@ -45,7 +45,7 @@ class StackTraceArguments(Arguments):
 
 @request("stackTrace")
 @capability("supportsDelayedStackTraceLoading")
-def stack_trace(adapter: "Adapter", args: StackTraceArguments) -> dict:
+def stack_trace(adapter: "RequestContext", args: StackTraceArguments) -> dict:
     unit = thread_unit(adapter, args.threadId)
     if args.startFrame < 0 or args.levels < 0:
         raise RewindError(f"stackTrace: startFrame ({args.startFrame}) and levels ({args.levels}) cannot be negative")
@@ -56,7 +56,7 @@ def stack_trace(adapter: "Adapter", args: StackTraceArguments) -> dict:
     return {"stackFrames": [_frame(adapter, f, args.threadId) for f in chosen], "totalFrames": len(frames)}
 
 
-def _frame(adapter: "Adapter", frame: "FrameInfo", thread: int = 1) -> dict:
+def _frame(adapter: "RequestContext", frame: "FrameInfo", thread: int = 1) -> dict:
     """Frame ids are unique across threads: (thread - 1) * FRAMES_PER_THREAD + level + 1 (adapter.frame_level)."""
     out = {"id": (thread - 1) * FRAMES_PER_THREAD + frame.id + 1, "name": frame.name,
            "line": adapter.client_line(frame.line), "column": adapter.client_column(1) if frame.line else 0}

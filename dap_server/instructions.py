@@ -18,14 +18,15 @@ from pydantic import Field
 from dap_server.frames import source
 from dap_server.requests import Arguments, StrictArguments, capability, request
 from hardware.errors import RewindError, brief, echo
+from hardware.session.instruction_cursor import InstructionSpec
 
 if TYPE_CHECKING:
-    from dap_server.adapter import Adapter
+    from dap_server.context import RequestContext  # the adapter, as far as handlers use it
 
 MAX_INSTRUCTIONS = 10_000
 
 
-def physical_address(adapter: "Adapter", reference: str) -> int | None:
+def physical_address(adapter: "RequestContext", reference: str) -> int | None:
     """A memoryReference that is a physical address (`0x8000_1000`) of a chip with its own memory map, else None."""
     if not (adapter.launched and adapter.session.physical_memory):
         return None
@@ -41,7 +42,7 @@ def _hex(reference: str) -> int | None:
         raise RewindError(f"memoryReference '{echo(reference)}' is not a hexadecimal address") from None
 
 
-def read_physical(adapter: "Adapter", address: int, count: int) -> dict:
+def read_physical(adapter: "RequestContext", address: int, count: int) -> dict:
     adapter.require_launched()
     try:
         data = adapter.session.read_address(address, count)
@@ -52,7 +53,7 @@ def read_physical(adapter: "Adapter", address: int, count: int) -> dict:
     return {"address": f"{address:#x}", "data": base64.b64encode(data).decode("ascii")}
 
 
-def write_physical(adapter: "Adapter", address: int, data: bytes) -> dict:
+def write_physical(adapter: "RequestContext", address: int, data: bytes) -> dict:
     adapter.require_launched()
     adapter.session.write_address(address, data)
     adapter.events.invalidate("variables", "stacks")
@@ -69,7 +70,7 @@ class DisassembleArguments(Arguments):
 
 @request("disassemble")
 @capability("supportsDisassembleRequest")
-def disassemble(adapter: "Adapter", args: DisassembleArguments) -> dict:
+def disassemble(adapter: "RequestContext", args: DisassembleArguments) -> dict:
     """A core's instruction stream in one node around a code address, each instruction at its node's line."""
     adapter.require_launched()
     address = _hex(args.memoryReference)
@@ -91,7 +92,7 @@ def disassemble(adapter: "Adapter", args: DisassembleArguments) -> dict:
     return {"instructions": out}
 
 
-def _instruction(adapter: "Adapter", item: dict, symbols: bool) -> dict:
+def _instruction(adapter: "RequestContext", item: dict, symbols: bool) -> dict:
     out = {"address": item["address"], "instruction": item["instruction"]}
     if symbols:
         out["symbol"] = f"{item['node']} (tick {item['tick']})"
@@ -114,10 +115,11 @@ class SetInstructionBreakpointsArguments(Arguments):
 
 @request("setInstructionBreakpoints")
 @capability("supportsInstructionBreakpoints")
-def set_instruction_breakpoints(adapter: "Adapter", args: SetInstructionBreakpointsArguments) -> dict:
+def set_instruction_breakpoints(adapter: "RequestContext", args: SetInstructionBreakpointsArguments) -> dict:
     """Stop before a unit executes the instruction at an address; one bad breakpoint is `verified: false`."""
     adapter.require_launched()
-    bps = adapter.session.set_instruction_breakpoints([b.model_dump() for b in args.breakpoints])
+    bps = adapter.session.set_instruction_breakpoints(
+        [InstructionSpec(b.instructionReference, b.offset or 0, b.condition, b.hitCondition) for b in args.breakpoints])
     out = []
     for bp in bps:
         entry = {"id": bp.id, "verified": bp.verified,
@@ -135,7 +137,7 @@ class UnitsArguments(StrictArguments):
 
 
 @request("units")
-def units(adapter: "Adapter", args: UnitsArguments) -> dict:
+def units(adapter: "RequestContext", args: UnitsArguments) -> dict:
     """Every unit at the position inside the node: next instruction (or what it waits on), and the step."""
     adapter.require_launched()
     session = adapter.session

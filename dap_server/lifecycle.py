@@ -18,7 +18,7 @@ from hardware.errors import RewindError
 from hardware.session import LaunchOptions
 
 if TYPE_CHECKING:
-    from dap_server.adapter import Adapter
+    from dap_server.context import RequestContext  # the adapter, as far as handlers use it
 
 
 class InitializeArguments(Arguments):
@@ -34,7 +34,7 @@ class InitializeArguments(Arguments):
 
 
 @request("initialize", on_loop=True)
-def initialize(adapter: "Adapter", args: InitializeArguments) -> dict:
+def initialize(adapter: "RequestContext", args: InitializeArguments) -> dict:
     client = adapter.client
     client.progress = args.supportsProgressReporting
     client.invalidated = args.supportsInvalidatedEvent
@@ -109,7 +109,7 @@ class LaunchArguments(StrictArguments):
 
 
 @request("launch")
-def launch(adapter: "Adapter", args: LaunchArguments) -> dict | None:
+def launch(adapter: "RequestContext", args: LaunchArguments) -> dict | None:
     """Load the program, or open the trace; the answer's `notes` say what the user should know about what was
     opened (a trace whose recording was cut short: where it ends)."""
     if adapter.launched:
@@ -129,7 +129,7 @@ class ConfigurationDoneArguments(Arguments):
 
 @request("configurationDone")
 @capability("supportsConfigurationDoneRequest")
-def configuration_done(adapter: "Adapter", args: ConfigurationDoneArguments) -> None:
+def configuration_done(adapter: "RequestContext", args: ConfigurationDoneArguments) -> None:
     """Configuration is over: stop on entry, or run to the first stop."""
     adapter.resume(adapter.session.start, "Running")
 
@@ -140,7 +140,7 @@ class RestartArguments(Arguments):
 
 @request("restart")
 @capability("supportsRestartRequest")
-def restart(adapter: "Adapter", args: RestartArguments) -> None:
+def restart(adapter: "RequestContext", args: RestartArguments) -> None:
     """Back to tick 0; with new launch arguments, load the program again first (the file may have changed)."""
     if args.arguments is not None and not adapter.launched:
         adapter.require_launched()  # a restart with arguments also recovers from a relaunch that failed
@@ -159,7 +159,7 @@ class TerminateArguments(Arguments):
 
 @request("terminate", interrupts=True)
 @capability("supportsTerminateRequest")
-def terminate(adapter: "Adapter", args: TerminateArguments) -> None:
+def terminate(adapter: "RequestContext", args: TerminateArguments) -> None:
     _terminated(adapter)
 
 
@@ -170,12 +170,12 @@ class DisconnectArguments(Arguments):
 
 
 @request("disconnect", interrupts=True)
-def disconnect(adapter: "Adapter", args: DisconnectArguments) -> None:
+def disconnect(adapter: "RequestContext", args: DisconnectArguments) -> None:
     _terminated(adapter)
     adapter.closing = True
 
 
-def _terminated(adapter: "Adapter") -> None:
+def _terminated(adapter: "RequestContext") -> None:
     if not adapter.terminated:
         adapter.terminated = True
         adapter.emit("terminated", None)
@@ -188,6 +188,6 @@ class CancelArguments(Arguments):
 
 @request("cancel", on_loop=True)
 @capability("supportsCancelRequest")
-def cancel(adapter: "Adapter", args: CancelArguments) -> None:
+def cancel(adapter: "RequestContext", args: CancelArguments) -> None:
     """A queued request is answered `cancelled`; a running motion (or its progress) is paused."""
     adapter.cancel(args.requestId, args.progressId)

@@ -15,7 +15,7 @@ from dap_server.requests import Arguments, capability, request
 from hardware.errors import RewindError, echo
 
 if TYPE_CHECKING:
-    from dap_server.adapter import Adapter
+    from dap_server.context import RequestContext  # the adapter, as far as handlers use it
 
 MAX_READ_BYTES = 4 * 2**20  # per request: the response must stay well under the framing cap
 MAX_ADDRESS = 2**64  # addresses are 64-bit: past that nothing is mapped
@@ -26,7 +26,7 @@ def memory_reference(value: str) -> str:
     return _PREFIX + value
 
 
-def _value_of(adapter: "Adapter", reference: str) -> str:
+def _value_of(adapter: "RequestContext", reference: str) -> str:
     adapter.require_launched()
     value = reference.removeprefix(_PREFIX)
     if not reference.startswith(_PREFIX) or value not in adapter.session.program.values:
@@ -42,7 +42,7 @@ class ReadMemoryArguments(Arguments):
 
 @request("readMemory")
 @capability("supportsReadMemoryRequest")
-def read_memory(adapter: "Adapter", args: ReadMemoryArguments) -> dict:
+def read_memory(adapter: "RequestContext", args: ReadMemoryArguments) -> dict:
     """The bytes asked for that exist; past the end of what exists, `unreadableBytes` counts the rest (DAP's
     way to say "nothing there"). A read of more than MAX_READ_BYTES that exists is refused: read in chunks."""
     if args.count < 0:
@@ -82,7 +82,7 @@ class WriteMemoryArguments(Arguments):
 
 @request("writeMemory")
 @capability("supportsWriteMemoryRequest")
-def write_memory(adapter: "Adapter", args: WriteMemoryArguments) -> dict:
+def write_memory(adapter: "RequestContext", args: WriteMemoryArguments) -> dict:
     address = physical_address(adapter, args.memoryReference)
     value = _value_of(adapter, args.memoryReference) if address is None else None
     try:

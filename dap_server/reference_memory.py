@@ -17,7 +17,7 @@ from dap_server.memory import MAX_READ_BYTES
 from dap_server.requests import StrictArguments, request
 
 if TYPE_CHECKING:
-    from dap_server.adapter import Adapter
+    from dap_server.context import RequestContext  # the adapter, as far as handlers use it
 
 
 class ReadReferenceArguments(StrictArguments):
@@ -28,7 +28,7 @@ class ReadReferenceArguments(StrictArguments):
 
 
 @request("readReference")
-def read_reference(adapter: "Adapter", args: ReadReferenceArguments) -> dict:
+def read_reference(adapter: "RequestContext", args: ReadReferenceArguments) -> dict:
     value = adapter.resolve_value(args.name, adapter.frame_level(args.frameId))
     forensics = adapter.session.forensics
     with adapter.events.progress(f"Reading the reference's '{value}'", cancellable=False):

@@ -17,7 +17,7 @@ from provenance.knowledge import KnowledgeBase
 from provenance.repair import DEFAULT_ATTEMPTS, DEFAULT_SECONDS, FixText, RepairLimits, RepairLoop, findings_of
 
 if TYPE_CHECKING:
-    from dap_server.adapter import Adapter
+    from dap_server.context import RequestContext  # the adapter, as far as handlers use it
 
 
 class FixArguments(StrictArguments):
@@ -37,7 +37,7 @@ class RepairArguments(StrictArguments):
 
 
 @request("repair")
-def repair(adapter: "Adapter", args: RepairArguments) -> dict:
+def repair(adapter: "RequestContext", args: RepairArguments) -> dict:
     """Run the repair loop on the loaded program; the verdict with its evidence."""
     with working(adapter, "Repairing"):
         limits = RepairLimits(args.maxAttempts, args.timeLimit)
@@ -53,7 +53,7 @@ class SuggestFixesArguments(StrictArguments):
 
 
 @request("suggestFixes")
-def suggest_fixes(adapter: "Adapter", args: SuggestFixesArguments) -> dict:
+def suggest_fixes(adapter: "RequestContext", args: SuggestFixesArguments) -> dict:
     """The knowledge base's candidate fixes for this pass's findings, not yet validated (repair validates)."""
     with working(adapter, "Suggesting fixes"):
         session = adapter.session

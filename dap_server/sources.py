@@ -10,7 +10,7 @@ from dap_server.requests import Arguments, capability, request
 from hardware.errors import RewindError, echo
 
 if TYPE_CHECKING:
-    from dap_server.adapter import Adapter
+    from dap_server.context import RequestContext  # the adapter, as far as handlers use it
 
 
 class SourceRef(Arguments):
@@ -38,7 +38,7 @@ class SourceArguments(Arguments):
 
 
 @request("source")
-def source(adapter: "Adapter", args: SourceArguments) -> dict:
+def source(adapter: "RequestContext", args: SourceArguments) -> dict:
     adapter.require_launched()
     files = adapter.session.program.source_files
     path = args.source.path if args.source and args.source.path else None
@@ -56,6 +56,6 @@ class LoadedSourcesArguments(Arguments):
 
 @request("loadedSources")
 @capability("supportsLoadedSourcesRequest")
-def loaded_sources(adapter: "Adapter", args: LoadedSourcesArguments) -> dict:
+def loaded_sources(adapter: "RequestContext", args: LoadedSourcesArguments) -> dict:
     adapter.require_launched()
     return {"sources": [source_of(path) for path in sorted(adapter.session.program.source_files)]}

@@ -16,7 +16,7 @@ from hardware.errors import RewindError
 from hardware.session import Direction
 
 if TYPE_CHECKING:
-    from dap_server.adapter import Adapter
+    from dap_server.context import RequestContext  # the adapter, as far as handlers use it
 
 FORWARD, REVERSE = Direction.FORWARD, Direction.REVERSE
 
@@ -27,14 +27,14 @@ class ContinueArguments(Arguments):
 
 
 @request("continue")
-def continue_(adapter: "Adapter", args: ContinueArguments) -> dict:
+def continue_(adapter: "RequestContext", args: ContinueArguments) -> dict:
     thread_unit(adapter, args.threadId)
     adapter.resume(lambda: adapter.session.run(FORWARD), "Continuing")
     return {"allThreadsContinued": True}
 
 
 @request("reverseContinue")
-def reverse_continue(adapter: "Adapter", args: ContinueArguments) -> None:
+def reverse_continue(adapter: "RequestContext", args: ContinueArguments) -> None:
     thread_unit(adapter, args.threadId)
     adapter.resume(lambda: adapter.session.run(REVERSE), "Reverse-continuing")
 
@@ -46,30 +46,30 @@ class StepArguments(Arguments):
     granularity: Literal["statement", "line", "instruction"] = "line"
 
 
-def _step(adapter: "Adapter", args: StepArguments, direction: Direction, kind: str, title: str) -> None:
+def _step(adapter: "RequestContext", args: StepArguments, direction: Direction, kind: str, title: str) -> None:
     unit = thread_unit(adapter, args.threadId)  # a unit of a many-core chip steps its own instructions
     adapter.resume(lambda: adapter.session.step(direction, args.granularity, kind, unit, args.singleThread), title)
 
 
 @request("next")
 @capability("supportsSteppingGranularity")
-def next_(adapter: "Adapter", args: StepArguments) -> None:
+def next_(adapter: "RequestContext", args: StepArguments) -> None:
     _step(adapter, args, FORWARD, "over", "Stepping")
 
 
 @request("stepIn")
-def step_in(adapter: "Adapter", args: StepArguments) -> None:
+def step_in(adapter: "RequestContext", args: StepArguments) -> None:
     _step(adapter, args, FORWARD, "in", "Stepping in")
 
 
 @request("stepOut")
-def step_out(adapter: "Adapter", args: StepArguments) -> None:
+def step_out(adapter: "RequestContext", args: StepArguments) -> None:
     _step(adapter, args, FORWARD, "out", "Stepping out")
 
 
 @request("stepBack")
 @capability("supportsStepBack")
-def step_back(adapter: "Adapter", args: StepArguments) -> None:
+def step_back(adapter: "RequestContext", args: StepArguments) -> None:
     _step(adapter, args, REVERSE, "over", "Stepping back")
 
 
@@ -78,7 +78,7 @@ class PauseArguments(Arguments):
 
 
 @request("pause", on_loop=True)
-def pause(adapter: "Adapter", args: PauseArguments) -> None:
+def pause(adapter: "RequestContext", args: PauseArguments) -> None:
     """Answered on the event loop while a motion runs on the worker; the motion stops with reason pause."""
     adapter.pause()
 
@@ -91,7 +91,7 @@ class GotoTargetsArguments(Arguments):
 
 @request("gotoTargets")
 @capability("supportsGotoTargetsRequest")
-def goto_targets(adapter: "Adapter", args: GotoTargetsArguments) -> dict:
+def goto_targets(adapter: "RequestContext", args: GotoTargetsArguments) -> dict:
     """Every tick where the line's execution begins (a line in a loop of layers runs once per layer)."""
     adapter.require_launched()
     session = adapter.session
@@ -111,7 +111,7 @@ class GotoArguments(Arguments):
 
 
 @request("goto")
-def goto(adapter: "Adapter", args: GotoArguments) -> None:
+def goto(adapter: "RequestContext", args: GotoArguments) -> None:
     thread_unit(adapter, args.threadId)
     tick, end = args.targetId - 1, adapter.session.end
     if not 0 <= tick <= end:

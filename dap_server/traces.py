@@ -13,7 +13,7 @@ from dap_server.requests import StrictArguments, request
 from hardware.errors import RewindError
 
 if TYPE_CHECKING:
-    from dap_server.adapter import Adapter
+    from dap_server.context import RequestContext  # the adapter, as far as handlers use it
 
 
 class SaveTraceArguments(StrictArguments):
@@ -26,7 +26,7 @@ def exists_message(command: str, path: str) -> str:
 
 
 @request("saveTrace")
-def save_trace(adapter: "Adapter", args: SaveTraceArguments) -> dict:
+def save_trace(adapter: "RequestContext", args: SaveTraceArguments) -> dict:
     adapter.require_launched()
     try:
         with adapter.events.progress(f"Saving the trace to {args.path}", cancellable=False):

@@ -21,7 +21,7 @@ from dap_server.requests import Arguments, capability, request
 from hardware.errors import RewindError, echo
 
 if TYPE_CHECKING:
-    from dap_server.adapter import Adapter
+    from dap_server.context import RequestContext  # the adapter, as far as handlers use it
 
 MAX_UNPAGED = 1000  # children returned when the client asks for "all" of a huge dimension
 MAX_PAGE = 10_000  # children one `variables` request may ask for
@@ -95,7 +95,7 @@ def _index_text(index: tuple[int, ...]) -> str:
 
 
 # -- variables -------------------------------------------------------------------------------------------
-def value_variable(adapter: "Adapter", name: str, value: str, evaluate_name: str, role: str = "") -> dict:
+def value_variable(adapter: "RequestContext", name: str, value: str, evaluate_name: str, role: str = "") -> dict:
     """A Program value at the position as a variable (a placeholder if it is not written yet)."""
     session = adapter.session
     info = session.program.values[value]
@@ -111,7 +111,7 @@ def value_variable(adapter: "Adapter", name: str, value: str, evaluate_name: str
             "memoryReference": memory_reference(value), **_tensor_fields(adapter, root, tensor, stats)}
 
 
-def result_variable(adapter: "Adapter", name: str, tensor: torch.Tensor, evaluate_name: str) -> dict:
+def result_variable(adapter: "RequestContext", name: str, tensor: torch.Tensor, evaluate_name: str) -> dict:
     """An expression's result (not Program memory): stats and elements, no location or writer."""
     root = TensorRoot(evaluate_name, None, tensor)
     stats = adapter.session.tensor_stats(tensor) if tensor.numel() else None
@@ -119,7 +119,7 @@ def result_variable(adapter: "Adapter", name: str, tensor: torch.Tensor, evaluat
             **_tensor_fields(adapter, root, tensor, stats)}
 
 
-def _tensor_fields(adapter: "Adapter", root: "TensorRoot", tensor: torch.Tensor, stats: dict | None) -> dict:
+def _tensor_fields(adapter: "RequestContext", root: "TensorRoot", tensor: torch.Tensor, stats: dict | None) -> dict:
     scalar = tensor.item() if tensor.dim() == 0 else None
     named = 3 if root.value is not None else 1
     ref = adapter.variables.add(TensorSlice(root, ()))
@@ -143,13 +143,13 @@ class Values:
 
     entries: list[Entry]
 
-    def named(self, adapter: "Adapter") -> list[dict]:
+    def named(self, adapter: "RequestContext") -> list[dict]:
         return [value_variable(adapter, e.name, e.value, e.name, e.role) for e in self.entries]
 
-    def indexed_count(self, adapter: "Adapter") -> int:
+    def indexed_count(self, adapter: "RequestContext") -> int:
         return 0
 
-    def assign(self, adapter: "Adapter", name: str, text: str) -> dict:
+    def assign(self, adapter: "RequestContext", name: str, text: str) -> dict:
         entry = next((e for e in self.entries if e.name == name), None)
         if entry is None:
             raise RewindError(f"no variable '{echo(name)}' in this scope")
@@ -165,7 +165,7 @@ class TensorRoot:
     value: str | None  # the Program value, or None for an expression's result
     tensor: torch.Tensor | None  # the result itself when there is no Program value
 
-    def get(self, adapter: "Adapter") -> torch.Tensor:
+    def get(self, adapter: "RequestContext") -> torch.Tensor:
         return adapter.session.tensor(self.value) if self.value is not None else self.tensor
 
 
@@ -176,7 +176,7 @@ class TensorSlice:
     root: TensorRoot
     index: tuple[int, ...]
 
-    def named(self, adapter: "Adapter") -> list[dict]:
+    def named(self, adapter: "RequestContext") -> list[dict]:
         if self.index:
             return []
         if self.root.value is None:
@@ -187,11 +187,11 @@ class TensorSlice:
                 _fields_variable(adapter, "provenance", session.provenance(value)),
                 _fields_variable(adapter, "stats", session.value_stats(value))]
 
-    def indexed_count(self, adapter: "Adapter") -> int:
+    def indexed_count(self, adapter: "RequestContext") -> int:
         tensor = self.root.get(adapter)
         return tensor.shape[len(self.index)] if tensor.dim() > len(self.index) else 0
 
-    def indexed(self, adapter: "Adapter", start: int, stop: int) -> list[dict]:
+    def indexed(self, adapter: "RequestContext", start: int, stop: int) -> list[dict]:
         part = self.root.get(adapter)[self.index] if self.index else self.root.get(adapter)
         out = []
         for i in range(start, stop):
@@ -207,7 +207,7 @@ class TensorSlice:
                             "indexedVariables": child.shape[0], "evaluateName": evaluate_name})
         return out
 
-    def assign(self, adapter: "Adapter", name: str, text: str) -> dict:
+    def assign(self, adapter: "RequestContext", name: str, text: str) -> dict:
         if self.root.value is None:
             raise RewindError("an expression's result is not program memory: set an element of a program value")
         digits = name[1:-1].strip() if name.startswith("[") and name.endswith("]") else ""
@@ -217,7 +217,7 @@ class TensorSlice:
         return _set_element(adapter, self.root.value, index, text)
 
 
-def _set_element(adapter: "Adapter", value: str, index: tuple[int, ...], text: str) -> dict:
+def _set_element(adapter: "RequestContext", value: str, index: tuple[int, ...], text: str) -> dict:
     session = adapter.session
     tensor = session.tensor(value)
     if len(index) != tensor.dim():
@@ -242,21 +242,21 @@ class Fields:
 
     data: dict | list
 
-    def named(self, adapter: "Adapter") -> list[dict]:
+    def named(self, adapter: "RequestContext") -> list[dict]:
         items = self.data.items() if isinstance(self.data, dict) else ((f"[{i}]", v) for i, v in enumerate(self.data))
         return [_fields_variable(adapter, str(k), v) for k, v in items]
 
-    def indexed_count(self, adapter: "Adapter") -> int:
+    def indexed_count(self, adapter: "RequestContext") -> int:
         return 0
 
-    def assign(self, adapter: "Adapter", name: str, text: str) -> dict:
+    def assign(self, adapter: "RequestContext", name: str, text: str) -> dict:
         raise RewindError(f"'{echo(name)}' is read-only: it describes a value, it is not one")
 
 
 _HEX_KEYS = {"address", "storage"}
 
 
-def _fields_variable(adapter: "Adapter", name: str, data: Any) -> dict:
+def _fields_variable(adapter: "RequestContext", name: str, data: Any) -> dict:
     if isinstance(data, (dict, list)) and data:
         return {"name": name, "value": _summary(name, data), "variablesReference": adapter.variables.add(Fields(data)),
                 "namedVariables": len(data)}
@@ -300,7 +300,7 @@ _PARAMETER_KINDS = ("parameter", "buffer", "constant")
 
 
 @request("scopes")
-def scopes(adapter: "Adapter", args: ScopesArguments) -> dict:
+def scopes(adapter: "RequestContext", args: ScopesArguments) -> dict:
     adapter.require_launched()
     level = adapter.frame_level(args.frameId)
     session = adapter.session
@@ -319,7 +319,7 @@ def scopes(adapter: "Adapter", args: ScopesArguments) -> dict:
     return {"scopes": out}
 
 
-def _scope(adapter: "Adapter", name: str, entries: list[Entry], hint: str | None, expensive: bool = False) -> dict:
+def _scope(adapter: "RequestContext", name: str, entries: list[Entry], hint: str | None, expensive: bool = False) -> dict:
     scope = {"name": name, "variablesReference": adapter.variables.add(Values(entries)),
              "namedVariables": len(entries), "expensive": expensive}
     if hint:
@@ -336,7 +336,7 @@ class VariablesArguments(Arguments):
 
 
 @request("variables")
-def variables(adapter: "Adapter", args: VariablesArguments) -> dict:
+def variables(adapter: "RequestContext", args: VariablesArguments) -> dict:
     if args.start < 0 or args.count < 0:
         raise RewindError(f"variables: start ({args.start}) and count ({args.count}) cannot be negative")
     if args.count > MAX_PAGE:
@@ -366,7 +366,7 @@ class SetVariableArguments(Arguments):
 
 @request("setVariable")
 @capability("supportsSetVariable")
-def set_variable(adapter: "Adapter", args: SetVariableArguments) -> dict:
+def set_variable(adapter: "RequestContext", args: SetVariableArguments) -> dict:
     """Change one element: a recorded edit on the timeline, undone by stepping back over it."""
     adapter.require_launched()
     return adapter.variables.get(args.variablesReference).assign(adapter, args.name, args.value)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -119,8 +120,10 @@ class ChipState(ABC):
         """Local-memory tiles holding elements of `value` at this step."""
 
 
-class InstructionDriver(ABC):
-    """Implemented by drivers whose nodes run as interleaved instruction streams."""
+@runtime_checkable
+class InstructionDriver(Protocol):
+    """A capability of drivers whose nodes run as interleaved instruction streams (hardware/driver.py lists the
+    others), found with `isinstance`."""
 
     @abstractmethod
     def schedule(self, node: int) -> NodeSchedule | None:

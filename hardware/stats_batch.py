@@ -15,7 +15,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
 
-from hardware.driver import ChecksReadback, Driver
+from hardware.driver import ChecksReadback, Driver, check, read_checks
 from hardware.errors import RewindError
 
 
@@ -41,7 +41,7 @@ class WriteChecks:
 
     def add(self, row: int, tick: int, tensor: Any) -> None:
         """Check the write logged at `row` on the device; its stats fill the row when its batch lands."""
-        self._open.append(_Write(row, tick, tensor, self.driver.check(tensor)))
+        self._open.append(_Write(row, tick, tensor, check(self.driver, tensor)))
         self._rows.add(row)
         self._ticks[tick] += 1
         if len(self._open) >= self.batch:
@@ -53,7 +53,7 @@ class WriteChecks:
             # write's tensor to its end: on a GPU, the outputs the pool copied would never go back to the allocator
             self.poll()
             writes, self._open = self._open, []
-            self._sent.append((self.driver.read_checks([w.check for w in writes], [w.tensor for w in writes]), writes))
+            self._sent.append((read_checks(self.driver, [w.check for w in writes], [w.tensor for w in writes]), writes))
             self.readbacks += 1
 
     def poll(self) -> None:

@@ -17,20 +17,19 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from checkpoint.branch import Branch, Patch
 from checkpoint.timeline import Timeline
+from hardware.driver import cast, to_host
 from hardware.errors import RewindError
-from hardware.program import Node, Program
 from hardware.jsonable import json_safe
+from hardware.program import Node, Program
 from provenance.compare import compare, error
-
-if TYPE_CHECKING:
-    from hardware.session import Session
+from provenance.forensics import WithForensics
 
 ORIGINAL = "original"
 ORIGINALS_KEPT = 8  # measurements of the original pass remembered (each holds a copy of its outputs)
@@ -62,7 +61,7 @@ def nodes_named(program: Program, spec: str) -> list[Node]:
 class Experiments:
     """The named branches of one Session's Timeline, and which of them is installed."""
 
-    def __init__(self, session: "Session"):
+    def __init__(self, session: WithForensics):
         self.session = session
         self.timeline = session.tl
         self.program = session.program
@@ -213,7 +212,7 @@ class Experiments:
 
     def _outputs_now(self) -> list[torch.Tensor]:
         tl = self.timeline
-        return [tl.driver.to_host(tl.driver.cast(tl.value(n, tl.end), self.program.values[n].dtype))
+        return [to_host(tl.driver, cast(tl.driver, tl.value(n, tl.end), self.program.values[n].dtype))
                 for n in self.program.outputs]
 
     # -- rows ---------------------------------------------------------------------------------------
@@ -244,6 +243,13 @@ class Experiments:
         f = self.session.forensics
         rtol, atol = f.tolerance.for_dtype(f.precision[name])
         return compare(name, self.program.values[name].dtype, ours, theirs, rtol, atol).to_dict()
+
+
+class WithExperiments(WithForensics, Protocol):
+    """A handed Session that also keeps the experiments (named branches) of its pass."""
+
+    @property
+    def experiments(self) -> Experiments: ...
 
 
 def _outputs_side_by_side(measured: dict[str, dict]) -> list[dict]:

@@ -12,21 +12,20 @@ only on the reference and on how the node runs (its patch), so they are computed
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
+from hardware.driver import cast, from_host, to_host
 from hardware.errors import RewindError
+from hardware.events import ExceptionDetails, ProgressAfter
 from hardware.program import Node
 from provenance.compare import Comparison, Tolerance, carried_precision, compare
+from provenance.handed import SessionView
 from provenance.lineage import descendants, lineage
 from provenance.patterns import Evidence, Match, classify
 from provenance.reference import DEFAULT_REFERENCE, Reference, open_reference
-
-if TYPE_CHECKING:
-    from hardware.session import ExceptionDetails, Session
 
 MAX_GROWTH_POINTS = 16
 
@@ -38,7 +37,7 @@ class Finding:
     kind: str  # "nonfinite" or "divergence"
     tick: int
     node: Node
-    details: "ExceptionDetails"  # value, count and first index of the bad elements, the inputs' stats
+    details: ExceptionDetails  # value, count and first index of the bad elements, the inputs' stats
     observed: Comparison | None = None
     introduced: Comparison | None = None
     match: Match | None = None
@@ -66,7 +65,7 @@ class Finding:
 class Forensics:
     """Forensics over one Session's Timeline; the reference pass is built on first need."""
 
-    def __init__(self, session: "Session", reference: str | None = None, tolerance: Tolerance | None = None):
+    def __init__(self, session: SessionView, reference: str | None = None, tolerance: Tolerance | None = None):
         options = session.options
         self.session = session
         self.timeline = session.tl
@@ -89,14 +88,10 @@ class Forensics:
 
     def progress(self, title: str) -> Callable[[int, int], None]:
         """A callback reporting `title` as session progress once the work has run half a second."""
-        started = time.monotonic()
-        emit = self.session.on_event
-        from hardware.session import SessionEvent
+        progress = ProgressAfter(self.session.on_event)
 
         def report(done: int, total: int) -> None:
-            if time.monotonic() - started > 0.5:
-                emit(SessionEvent("progress", {"message": f"{title}: {done} of {total}",
-                                               "percentage": 100.0 * done / max(total, 1)}))
+            progress(f"{title}: {done} of {total}", done, total)
         return report
 
     def record_to_end(self) -> None:
@@ -113,7 +108,7 @@ class Forensics:
 
     def test_value(self, name: str, position: int) -> torch.Tensor:
         tl = self.timeline
-        return tl.driver.to_host(tl.value(name, position))
+        return to_host(tl.driver, tl.value(name, position))
 
     def observed(self, node: Node) -> list[Comparison]:
         """Each floating output of `node` in this pass against the reference's."""
@@ -125,10 +120,10 @@ class Forensics:
         tl = self.timeline
         key = (node.index, tl.patches.get(node.index))
         if key not in self._introduced:
-            inputs = {n: tl.driver.from_host(self.reference.value(n).to(_torch_dtype(self.program.values[n].dtype)))
+            inputs = {n: from_host(tl.driver, self.reference.value(n).to(_torch_dtype(self.program.values[n].dtype)))
                       for n in node.input_names()}
             outputs = dict(zip(node.outputs, tl.run_node(node, inputs.__getitem__)))
-            self._introduced[key] = [self._compare(n, tl.driver.to_host(outputs[n]))
+            self._introduced[key] = [self._compare(n, to_host(tl.driver, outputs[n]))
                                      for n in self.floating_outputs(node)]
         return self._introduced[key]
 
@@ -146,7 +141,7 @@ class Forensics:
         key = tuple(r.digest if (r := tl.log.last_writer(value=n)) and r.kind != "view" else None
                     for n in self.program.outputs)
         if None in key or key not in self._outputs:
-            self._outputs[key] = [self._compare(n, tl.driver.to_host(tl.driver.cast(tl.value(n, tl.end),
+            self._outputs[key] = [self._compare(n, to_host(tl.driver, cast(tl.driver, tl.value(n, tl.end),
                                                                                     self.program.values[n].dtype)))
                                   for n in self.program.outputs]
         return self._outputs[key]
@@ -200,7 +195,7 @@ class Forensics:
             return self._finding("nonfinite", rec.tick, node, None, None, details)
         return None
 
-    def explain(self, details: "ExceptionDetails", tick: int) -> dict:
+    def explain(self, details: ExceptionDetails, tick: int) -> dict:
         """Evidence for a NaN/Inf stop, without a reference pass: the failure pattern, and where the
         non-finite values its inputs carry were born (None when they carry none, or only on purpose)."""
         node = self.timeline.node_at(tick)
@@ -223,16 +218,14 @@ class Forensics:
         return None
 
     def _finding(self, kind: str, tick: int, node: Node, observed: Comparison | None,
-                 introduced: Comparison | None, details: "ExceptionDetails | None" = None) -> Finding:
+                 introduced: Comparison | None, details: ExceptionDetails | None = None) -> Finding:
         if details is None:
             details = self._divergence_details(tick, node, observed)
         found = Finding(kind, tick, node, details, observed, introduced)
         found.match = classify(self._evidence(kind, tick, node, details.value, observed, introduced))
         return found
 
-    def _divergence_details(self, tick: int, node: Node, observed: Comparison) -> "ExceptionDetails":
-        from hardware.session import ExceptionDetails
-
+    def _divergence_details(self, tick: int, node: Node, observed: Comparison) -> ExceptionDetails:
         inputs = {n: self.session.value_stats(n, tick) for n in node.input_names()}
         return ExceptionDetails("divergence", node.name, node.op, str(node.loc) if node.loc else None, observed.value,
                                 observed.mismatches, observed.first_mismatch, inputs)
@@ -293,6 +286,13 @@ class Forensics:
                 rows.append(row)
             report(tick - start, stop - start)
         return rows
+
+
+class WithForensics(SessionView, Protocol):
+    """A handed Session that also keeps the forensics of its pass (built once: the reference pass is costly)."""
+
+    @property
+    def forensics(self) -> Forensics: ...
 
 
 def _growth_point(node: Node, tick: int, c: Comparison) -> dict:

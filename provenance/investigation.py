@@ -10,10 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from hardware.session import Session
 from provenance.ablation import DEFAULT_MAX_TRIALS, Search, search
 from provenance.compare import Comparison
-from provenance.forensics import Finding
+from provenance.forensics import Finding, WithForensics
 
 
 @dataclass
@@ -40,7 +39,7 @@ class Investigation:
                 "ablation": self.ablation.to_dict() if self.ablation else None}
 
 
-def investigate(session: Session, ablate: bool = True, max_trials: int = DEFAULT_MAX_TRIALS) -> Investigation:
+def investigate(session: WithForensics, ablate: bool = True, max_trials: int = DEFAULT_MAX_TRIALS) -> Investigation:
     f = session.forensics
     nonfinite = f.first_nonfinite()
     if nonfinite is not None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hardware.program import Program
-from hardware.session import Session
 from hardware.source_names import assignments, frame_instance
+from provenance.handed import SessionView
 from provenance.writelog import WriteRecord
 
 
@@ -41,7 +41,7 @@ def line_runs(program: Program, file: str, line: int) -> list[LineRun]:
     return runs
 
 
-def line_writes(session: Session, file: str, line: int, position: int | None = None) -> list[LineWrite]:
+def line_writes(session: SessionView, file: str, line: int, position: int | None = None) -> list[LineWrite]:
     """The results of every run of `file:line` that finished by `position` (default: the session's), oldest first."""
     tl = session.tl
     pos = tl.position if position is None else position

@@ -16,8 +16,7 @@ import torch
 
 from hardware.instructions import InstructionDriver
 from hardware.program import Frame
-from hardware.session import Session
-from provenance.forensics import Finding
+from provenance.forensics import Finding, WithForensics
 
 
 @dataclass(frozen=True)
@@ -30,10 +29,10 @@ class Problem:
     frames: tuple[Frame, ...]  # the user frames that made the node, outermost first
 
 
-Collector = Callable[[Session], Iterable[Problem]]
+Collector = Callable[[WithForensics], Iterable[Problem]]
 
 
-def first_nonfinite(session: Session) -> Iterable[Problem]:
+def first_nonfinite(session: WithForensics) -> Iterable[Problem]:
     """The first step that wrote NaN (or an Inf nobody wrote on purpose) from inputs that carried none."""
     found = session.forensics.first_nonfinite()
     if found is None:
@@ -45,7 +44,7 @@ def first_nonfinite(session: Session) -> Iterable[Problem]:
                     f"{_pattern(found)}", found.tick, found.node.name, found.node.frames)]
 
 
-def first_divergence(session: Session) -> Iterable[Problem]:
+def first_divergence(session: WithForensics) -> Iterable[Problem]:
     """The first step where this run leaves its reference by more than the tolerance of its dtype."""
     found = session.forensics.first_divergence()
     if found is None:
@@ -61,7 +60,7 @@ def first_divergence(session: Session) -> Iterable[Problem]:
     return [Problem("divergence", "error", message, found.tick, found.node.name, found.node.frames)]
 
 
-def nondeterminism(session: Session) -> Iterable[Problem]:
+def nondeterminism(session: WithForensics) -> Iterable[Problem]:
     """Steps whose replay from the recorded inputs wrote different bytes than the recorded run.
 
     Checked on live runs only: a trace replays on whatever driver opened it, which may round differently."""
@@ -77,7 +76,7 @@ def nondeterminism(session: Session) -> Iterable[Problem]:
                       "(random numbers, atomics or a race)", found.tick, node.name, node.frames)
 
 
-def races_and_hangs(session: Session) -> Iterable[Problem]:
+def races_and_hangs(session: WithForensics) -> Iterable[Problem]:
     """The first race or the hang of each node on a many-unit chip (the sim driver), where the race and
     hang exception filters stop in the recorded schedules. None on a chip that runs whole nodes."""
     if not isinstance(session.tl.driver, InstructionDriver):
@@ -102,7 +101,7 @@ def races_and_hangs(session: Session) -> Iterable[Problem]:
 COLLECTORS: list[Collector] = [races_and_hangs, first_nonfinite, nondeterminism, first_divergence]
 
 
-def collect(session: Session, collectors: Iterable[Collector] = COLLECTORS) -> list[Problem]:
+def collect(session: WithForensics, collectors: Iterable[Collector] = COLLECTORS) -> list[Problem]:
     """Every problem of the session's run (recorded to the end first), one per node, in tick order."""
     session.forensics.record_to_end()
     found: dict[int, Problem] = {}
@@ -112,7 +111,7 @@ def collect(session: Session, collectors: Iterable[Collector] = COLLECTORS) -> l
     return sorted(found.values(), key=lambda p: p.tick)
 
 
-def _wrote(session: Session, found: Finding) -> str:
+def _wrote(session: WithForensics, found: Finding) -> str:
     info = session.program.values[found.details.value]
     return (f"{found.node.op} '{found.node.name}' wrote '{found.details.value}' ({info.dtype}{list(info.shape)}) "
             f"at tick {found.tick} with")
@@ -125,7 +124,7 @@ def _pattern(found: Finding) -> str:
     return f"; {m.pattern.title}: {m.reason}. Fix: {m.pattern.fix}"
 
 
-def _operands_at(session: Session, found: Finding) -> str:
+def _operands_at(session: WithForensics, found: Finding) -> str:
     """Each operand's element at the first bad index (by its source name where it has one), for an
     elementwise op; else each operand's range."""
     node, details = found.node, found.details

@@ -15,10 +15,12 @@ from typing import Callable
 
 import torch
 
+from checkpoint.recording import open_trace
 from checkpoint.safe_files import atomic_write, check_target
 from checkpoint.timeline import Timeline
 from checkpoint.trace import MAGIC
-from hardware.driver import open_driver
+from hardware.driver import to_host
+from hardware.drivers import open_driver, trace_driver
 from hardware.errors import DriverError, RewindError
 from hardware.program import Program
 
@@ -69,9 +71,8 @@ def _pass_reference(spec: str, program: Program, budget: int, progress: Progress
 
 
 def _trace_reference(spec: str, program: Program, budget: int) -> Reference:
-    from checkpoint.recording import open_trace
-
-    recorded, timeline, _ = open_trace(spec, lambda p, d, archive: Timeline(p, d, budget, archive=archive))
+    recorded, timeline, _ = open_trace(spec, lambda p, d, archive: Timeline(p, d, budget, archive=archive),
+                                       trace_driver)
     _check_same_program(spec, program, recorded.values)
     return _timeline_reference(spec, program, timeline)
 
@@ -84,7 +85,7 @@ def _timeline_reference(spec: str, program: Program, timeline: Timeline) -> Refe
         position = 0 if info is not None and info.producer is None else timeline.end
         if timeline.version_at(name, position) is None:
             return None
-        return timeline.driver.to_host(timeline.value(name, position))
+        return to_host(timeline.driver, timeline.value(name, position))
 
     return Reference(spec, program, value_of)
 

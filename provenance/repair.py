@@ -22,10 +22,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 from hardware.errors import RewindError
 from hardware.jsonable import json_safe
+from provenance.experiments import WithExperiments
 from provenance.fixes import Candidate, fix_from_text
 from provenance.forensics import Finding
 from provenance.inputs import InputPlan
@@ -33,9 +34,6 @@ from provenance.integrity import REFUSED, CallAudit, Violation, scan_source
 from provenance.investigation import Investigation, investigate
 from provenance.knowledge import KnowledgeBase
 from provenance.validation import Validator
-
-if TYPE_CHECKING:
-    from hardware.session import Session
 
 DEFAULT_ATTEMPTS = 8
 DEFAULT_SECONDS = 600.0
@@ -80,7 +78,7 @@ class Attempt:
 
 
 class RepairLoop:
-    def __init__(self, session: "Session", knowledge: KnowledgeBase, limits: RepairLimits = RepairLimits(),
+    def __init__(self, session: WithExperiments, knowledge: KnowledgeBase, limits: RepairLimits = RepairLimits(),
                  plan: InputPlan = InputPlan()):
         self.session, self.knowledge, self.limits, self.plan = session, knowledge, limits, plan
         self.transitions: list[dict] = []

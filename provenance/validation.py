@@ -13,22 +13,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from checkpoint.branch import Patch
 from checkpoint.timeline import Timeline
-from hardware.driver import open_driver
+from hardware.driver import cast, to_host
+from hardware.drivers import open_driver
 from hardware.errors import RewindError
 from hardware.jsonable import json_safe
 from provenance.compare import compare
+from provenance.forensics import WithForensics
 from provenance.inputs import InputPlan, InputSet, input_sets
 from provenance.integrity import REFUSED, IntegrityError
 from provenance.reference import open_reference
-
-if TYPE_CHECKING:
-    from hardware.session import Session
 
 
 @dataclass
@@ -78,7 +76,7 @@ def certify(name: str, dtype: str, test: torch.Tensor, ref: torch.Tensor, rtol: 
 class Validator:
     """Certifies candidates on one session's input sets (made once per repair loop)."""
 
-    def __init__(self, session: "Session", plan: InputPlan):
+    def __init__(self, session: WithForensics, plan: InputPlan):
         options = session.options
         if options is None or options.trace:
             raise RewindError("repair runs the program: launch it from its model file, not from a trace")
@@ -128,7 +126,7 @@ class Validator:
         tl.branch(patches)
         tl.seek(tl.end)
         values = inputs.program.values
-        return [tl.driver.to_host(tl.driver.cast(tl.value(n, tl.end), values[n].dtype)) for n in inputs.program.outputs]
+        return [to_host(tl.driver, cast(tl.driver, tl.value(n, tl.end), values[n].dtype)) for n in inputs.program.outputs]
 
     def _reference(self, inputs: InputSet) -> list[torch.Tensor]:
         if inputs.name not in self._references:

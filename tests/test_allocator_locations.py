@@ -4,7 +4,7 @@ which value lives at an address at a tick."""
 from __future__ import annotations
 
 from checkpoint.timeline import INITIAL
-from hardware.drivers.cuda_allocator import block_at
+from hardware.drivers.torch.cuda_allocator import block_at
 from hardware.session import LaunchOptions, Session
 from tests.conftest import EXAMPLES, program
 

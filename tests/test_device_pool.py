@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from checkpoint.device_pool import ALIGN, DevicePool
+from hardware.drivers.torch.device_pool import ALIGN, DevicePool
 from checkpoint.ring import Ring
 from checkpoint.spill import PinnedSpill
 from checkpoint.tiers import HostTier

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from checkpoint.branch import PrecisionPatch
-from hardware.driver import open_driver
+from hardware.drivers import open_driver
 from hardware.errors import DriverError, RewindError
 from hardware.session import Direction, LaunchOptions, Session
 from provenance.ablation import ablate, search

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import hardware.session as session_module
+import hardware.session.session as session_module
 from dap_server.events import SessionEvents
 from hardware import determinism
 from hardware.drivers.torch import TorchDriver

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from hardware.driver import open_driver
+from hardware.drivers import open_driver
 from hardware.errors import DriverError, ProgramLoadError
 from hardware.frontends.torch_export import load_program
 from tests.conftest import EXAMPLES, MODELS, program

@@ -4,7 +4,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hardware.session import Direction
+from hardware.session import Direction, FunctionSpec, LineSpec
 from tests.conftest import EXAMPLES, MODELS, open_session
 
 DEEP = MODELS / "deep_gpt.py"
@@ -94,7 +94,7 @@ def test_reverse_continue_lands_on_last_hit_in_layer_loop():
     session = open_session(DEEP)
     file = str(EXAMPLES / "gpt.py")
     line = line_of("x = x + self.attn(self.ln1(x))")
-    (bp,) = session.set_line_breakpoints(file, [{"line": line}])
+    (bp,) = session.set_line_breakpoints(file, [LineSpec(line)])
     assert bp.verified
     hits = []
     stop = session.start()
@@ -123,7 +123,7 @@ def test_conditional_breakpoint_on_a_value_both_directions():
         names = session.names_at(tick)
         values.append(float(names["scores"].abs().max()))
     threshold = sorted(values)[len(values) // 2]
-    (bp,) = session.set_line_breakpoints(file, [{"line": line, "condition": f"scores.abs().max() > {threshold}"}])
+    (bp,) = session.set_line_breakpoints(file, [LineSpec(line, condition=f"scores.abs().max() > {threshold}")])
     expected = [t for t, v in zip(positions, values) if v > threshold]
     stop = session.run(Direction.REVERSE)
     assert stop.tick == expected[-1]
@@ -134,14 +134,14 @@ def test_conditional_breakpoint_on_a_value_both_directions():
 
 def test_hit_count_counts_from_the_start_in_both_directions():
     session = open_session(DEEP)
-    (bp,) = session.set_function_breakpoints([{"name": "aten.softmax", "hitCondition": "3"}])
+    (bp,) = session.set_function_breakpoints([FunctionSpec("aten.softmax", hit_condition="3")])
     stop = session.start()
     assert stop.reason == "function breakpoint"
     third = stop.tick
     assert session.current_node().module_path == "blocks.2.attn"
     assert session.run().reason == "end"
     assert session.run(Direction.REVERSE).tick == third
-    session.set_function_breakpoints([{"name": "aten.softmax", "hitCondition": ">=2"}])
+    session.set_function_breakpoints([FunctionSpec("aten.softmax", hit_condition=">=2")])
     session.goto(session.end)
     assert session.run(Direction.REVERSE).tick > third  # the fourth softmax
     assert session.current_node().module_path == "blocks.3.attn"
@@ -149,7 +149,7 @@ def test_hit_count_counts_from_the_start_in_both_directions():
 
 def test_function_breakpoint_on_module_path_stops_on_entry():
     session = open_session(DEEP)
-    session.set_function_breakpoints([{"name": "blocks.1.attn"}])
+    session.set_function_breakpoints([FunctionSpec("blocks.1.attn")])
     stop = session.start()
     node = session.current_node()
     assert node.module_path.startswith("blocks.1.attn")
@@ -160,7 +160,7 @@ def test_function_breakpoint_on_module_path_stops_on_entry():
 def test_step_out_backwards_lands_where_the_frame_was_entered():
     session = open_session(DEEP)
     file = str(EXAMPLES / "gpt.py")
-    session.set_line_breakpoints(file, [{"line": line_of("weights = torch.softmax")}])
+    session.set_line_breakpoints(file, [LineSpec(line_of("weights = torch.softmax"))])
     stop = session.start()
     attn = session.current_node().frames[-1].module_path
     assert attn == "blocks.0.attn"
@@ -181,7 +181,7 @@ def test_next_and_step_back_by_line():
     session = open_session(EXAMPLES / "gpt.py")
     file = str(EXAMPLES / "gpt.py")
     q_line = line_of("q = q.view(")
-    session.set_line_breakpoints(file, [{"line": q_line}])
+    session.set_line_breakpoints(file, [LineSpec(q_line)])
     session.start()
     session.set_line_breakpoints(file, [])
     stop = session.step(Direction.FORWARD, "line", "over")
@@ -231,7 +231,7 @@ def test_nondeterministic_op_is_reported_on_replay():
     session.tensor("randn_like")
     findings = session.tl.nondeterminism
     assert findings and findings[0].node == "randn_like"
-    assert any(e.kind == "output" and "non-determinism" in e.body["text"] for e in events)
+    assert any(e.kind == "output" and "non-determinism" in e.text for e in events)
 
 
 def test_deterministic_model_replays_without_findings():

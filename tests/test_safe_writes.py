@@ -196,9 +196,9 @@ def test_a_recording_goes_to_a_temporary_and_moves_onto_its_file_when_closed(tmp
     assert path.read_bytes() == OLD and partials(tmp_path) == []
     path.chmod(0o600)
     session = open_session(MODEL, budget_mb=1, record=str(path), overwrite=True, events=events)
-    [started] = [e.body for e in events if e.kind == "recording"]
-    partial = Path(started["partial"])
-    assert started["target"] == str(path) and partial.parent == tmp_path and partial.name.startswith(".run.rwtrace.")
+    [started] = [e for e in events if e.kind == "recording"]
+    partial = Path(started.partial)
+    assert started.target == str(path) and partial.parent == tmp_path and partial.name.startswith(".run.rwtrace.")
     session.run()
     with pytest.raises(FileWriteError, match="it is the file this session is recording to"):
         session.save_trace(str(path), overwrite=True)
@@ -219,7 +219,7 @@ def test_a_disk_full_mid_recording_stops_the_recording_and_keeps_what_came_befor
     finally:
         os.umask(old)
     session.run()  # the run goes on
-    said = [e.body["text"] for e in events if e.kind == "output" and "disk is full" in e.body["text"]]
+    said = [e.text for e in events if e.kind == "output" and "disk is full" in e.text]
     assert len(said) == 1 and said[0].startswith(f"cannot record to {path}: the disk is full")
     assert "the recording stops here, the trace keeps what came before" in said[0]
     monkeypatch.undo()
@@ -228,14 +228,14 @@ def test_a_disk_full_mid_recording_stops_the_recording_and_keeps_what_came_befor
     events.clear()
     trace = opened(path, events)
     assert 0 < trace.tl.frontier < session.end
-    assert any("did not finish" in e.body["text"] for e in events if e.kind == "output")
+    assert any("did not finish" in e.text for e in events if e.kind == "output")
 
 
 def test_adopting_a_partial_recording_moves_it_only_with_the_overwrite_rule(tmp_path):
     events: list = []
     session = open_session(MODEL, budget_mb=1, record=str(tmp_path / "rec.rwtrace"), events=events)
     session.run()
-    [partial] = [Path(e.body["partial"]) for e in events if e.kind == "recording"]
+    [partial] = [Path(e.partial) for e in events if e.kind == "recording"]
     target = existing(tmp_path, "adopted.rwtrace")
     with pytest.raises(TargetExists):
         adopt_partial(partial, target)
@@ -273,7 +273,7 @@ s = Session(events.append)
 s.launch(LaunchOptions({model!r}, driver="torch:cpu", budget_mb=1, record={record!r}, overwrite=True))
 for e in events:
     if e.kind == "recording":
-        print("partial", e.body["partial"], flush=True)
+        print("partial", e.partial, flush=True)
 s.run()
 frame = trace.TraceWriter._frame
 def slow(self, *args, **kw):  # a save that takes long enough to be killed in the middle

@@ -4,7 +4,7 @@ produce the races and hangs they stand for."""
 import numpy as np
 import pytest
 
-from hardware.driver import open_driver
+from hardware.drivers import open_driver
 from hardware.errors import DriverError, UnsupportedOpError
 from tests.conftest import EXAMPLES, open_session, program
 

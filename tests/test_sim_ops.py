@@ -4,7 +4,7 @@ tolerance of its dtype (layout ops, casts, fills and comparisons bit for bit).""
 import pytest
 import torch
 
-from hardware.driver import open_driver
+from hardware.drivers import open_driver
 from hardware.drivers.sim.lowering import supported_ops
 from tests.conftest import MODELS, program
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from hardware.errors import RewindError
-from hardware.session import Direction
+from hardware.session import Direction, InstructionSpec
 from tests.conftest import EXAMPLES, open_session
 
 GPT = EXAMPLES / "gpt.py"
@@ -85,7 +85,7 @@ def test_an_instruction_breakpoint_from_the_disassembly_stops_before_it_in_both_
     listing = gpt.disassemble(unit)
     target = next(i for i in listing if i["instruction"].startswith("red.sum"))
     assert target["source"]["line"] == node.loc.line and target["node"] == "softmax"
-    [bp] = gpt.set_instruction_breakpoints([{"instructionReference": target["address"]}])
+    [bp] = gpt.set_instruction_breakpoints([InstructionSpec(target["address"])])
     gpt.goto(0)
     stop = gpt.run()
     assert stop.reason == "instruction breakpoint" and stop.breakpoint_ids == [bp.id]
@@ -100,9 +100,8 @@ def test_an_instruction_breakpoint_from_the_disassembly_stops_before_it_in_both_
 
 
 def test_instruction_breakpoints_that_name_no_instruction_are_unverified(gpt):
-    bad = gpt.set_instruction_breakpoints([{"instructionReference": "0x10"}, {"instructionReference": "pc 3"},
-                                           {"instructionReference": gpt.disassemble(1)[0]["address"],
-                                            "condition": "x > 0"}])
+    bad = gpt.set_instruction_breakpoints([InstructionSpec("0x10"), InstructionSpec("pc 3"),
+                                           InstructionSpec(gpt.disassemble(1)[0]["address"], condition="x > 0")])
     assert [bp.verified for bp in bad] == [False, False, False]
     assert "no instruction at 0x10" in bad[0].message and "not an instruction address" in bad[1].message
     gpt.set_instruction_breakpoints([])
@@ -122,7 +121,7 @@ def test_a_race_stops_after_the_second_access_and_reverses_to_the_instant_before
     assert stop.reason == "exception" and stop.exception.filter == "race" and race["node"] == "layer_norm_1"
     second = race["instructions"][1]
     assert racy.units()[stop.unit] == second["unit"] and stop.instruction == second["step"] + 1
-    start, end = (int(a, 16) for a in race["addressRange"])
+    start, end = (int(a, 16) for a in race["addresses"])
     after = racy.read_address(start, end - start)
     instruction(racy, BACK)
     assert racy.instruction == second["step"]

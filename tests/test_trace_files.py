@@ -12,9 +12,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from checkpoint.recording import open_trace as rebuild
+from checkpoint.timeline import Timeline
 from checkpoint.trace import TraceError, TraceReader, adopt_partial
+from hardware.drivers import trace_driver
 from hardware.errors import RewindError
-from hardware.session import Direction, LaunchOptions, Session
+from hardware.session import Direction, LaunchOptions, LineSpec, Session
 from tests.conftest import EXAMPLES, MODELS, ROOT, open_session
 from tests.test_trace_trust import assert_refused_or_usable
 
@@ -64,8 +67,8 @@ def test_breakpoints_and_reverse_execution_work_from_the_trace(saved):
     live, path, _ = saved
     trace = open_trace(path)
     file = str(EXAMPLES / "gpt.py")
-    trace.set_line_breakpoints(file, [{"line": 28, "condition": "scores.max() > 0"}])
-    live.set_line_breakpoints(file, [{"line": 28, "condition": "scores.max() > 0"}])
+    trace.set_line_breakpoints(file, [LineSpec(28, condition="scores.max() > 0")])
+    live.set_line_breakpoints(file, [LineSpec(28, condition="scores.max() > 0")])
     live.goto(0)
     assert trace.start().tick == live.start().tick
     assert trace.run().tick == live.run().tick
@@ -91,10 +94,8 @@ def test_a_value_missing_from_the_trace_says_a_driver_is_needed(tmp_path):
     live.run()
     path = tmp_path / "mlp.rwtrace"
     live.save_trace(str(path))
-    from checkpoint.recording import open_trace as rebuild
-    session = Session()
-    session.options = LaunchOptions(budget_mb=1)
-    _, tl, _ = rebuild(str(path), session._make_timeline)
+    _, tl, _ = rebuild(str(path), lambda program, driver, archive: Timeline(program, driver, budget=2**20,
+                                                                             archive=archive), trace_driver)
     tl.archive.reader.contents.versions.clear()  # as if the trace held no computed value
     tl.seek(tl.end)
     with pytest.raises(RewindError, match="needs the device that recorded it"):
@@ -129,7 +130,7 @@ def test_continuous_recording_survives_a_killed_server(tmp_path):
     session.launch(LaunchOptions(trace=str(path), budget_mb=1))
     ran = session.tl.frontier
     assert 0 < ran < session.end
-    warnings = [e.body["text"] for e in events if e.kind == "output"]
+    warnings = [e.text for e in events if e.kind == "output"]
     assert any("did not finish" in w or "interrupted" in w for w in warnings)
     session.goto(ran)
     live = open_session(MODELS / "slow_mlp.py")

@@ -207,7 +207,7 @@ def test_a_well_formed_op_this_torch_does_not_register_opens_and_says_it_cannot_
         return program
     events: list = []
     session = launch(write(build(crafted(frames_of(mlp_trace), PROGRAM, rename))), events)
-    said = [e.body["text"] for e in events if e.kind == "output"]
+    said = [e.text for e in events if e.kind == "output"]
     assert any("mylib.fancy_tanh.default" in s and "cannot run again" in s for s in said)
     session.goto(session.end)
     assert session.tensor("tanh").shape == (3, 16)  # recorded
@@ -493,7 +493,7 @@ def test_a_trace_cut_at_every_frame_boundary_opens_at_its_last_whole_step_or_is_
         session = launch(path, events)
         whole = sum(end <= offset for end in step_ends)
         assert session.tl.frontier == whole and session.end == 5, (offset, kind)
-        notes = [e.body["text"] for e in events if e.kind == "output"]
+        notes = [e.text for e in events if e.kind == "output"]
         if whole < session.end:
             said = f"the recording ends at tick {whole} of 5: it was cut short"
             assert any(said in n for n in notes) and any(said in n for n in session.launch_notes), notes

@@ -1,67 +1,34 @@
 """The `trace` driver: a recorded run standing in for the device that made it.
 
-Values come from the trace file. A node whose outputs are only views (transpose, reshape,
-slice) is recomputed here with torch, since a view computes nothing; any other value that
-the trace does not hold needs the recording device, and asking for it says so — unless the
-trace was opened with a real driver to recompute on.
+Values come from the recording (read through `hardware.recorded.RecordedRun`: a trace file's reader),
+as host tensors. A node whose outputs are only views (transpose, reshape, slice) is recomputed here with
+torch, since a view computes nothing; any other value that the trace does not hold needs the recording
+device, and asking for it says so — unless the trace was opened with a real driver to recompute on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map_only
 
-from checkpoint.trace import TraceReader
-from hardware.driver import Chip, Driver, MemorySpace, Unit
-from hardware.drivers.torch import TorchDriver
+from hardware import tensor_checks, torch_tensors
+from hardware.driver import Chip, Driver, MemorySpace, Unit, WriteStats, from_host, to_host
 from hardware.errors import RewindError
 from hardware.memory import Location
 from hardware.program import Node, Program
+from hardware.recorded import RecordedInitial, RecordedRun
+from hardware.torch_tensors import TensorBytes
+
+_HOST = torch.device("cpu")
 
 
-class TraceArchive:
-    """The versions a trace holds, loaded on demand."""
-
-    def __init__(self, reader: TraceReader):
-        self.reader = reader
-
-    def has(self, key: tuple[str, int]) -> bool:
-        return key in self.reader.contents.versions
-
-    def load(self, key: tuple[str, int]) -> Any | None:
-        return self.reader.version(*key)
-
-
-class _LazyInitial(Mapping):
-    """Inputs and parameters, each read from the trace when first used."""
-
-    def __init__(self, reader: TraceReader):
-        self.reader = reader
-        self._loaded: dict[str, Any] = {}
-
-    def __getitem__(self, name: str) -> Any:
-        if name not in self._loaded:
-            if name not in self.reader.contents.initial:
-                raise KeyError(name)  # the Mapping protocol: `in` and .get() rely on it
-            self._loaded[name] = self.reader.initial_value(name)
-        return self._loaded[name]
-
-    def __setitem__(self, name: str, tensor: Any) -> None:
-        self._loaded[name] = tensor
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.reader.contents.initial)
-
-    def __len__(self) -> int:
-        return len(self.reader.contents.initial)
-
-
-class TraceDriver(TorchDriver):
-    def __init__(self, reader: TraceReader, recompute: Driver | None = None):
-        super().__init__(torch.device("cpu"))
+class TraceDriver(TensorBytes, Driver):
+    def __init__(self, reader: RecordedRun, recompute: Driver | None = None):
+        torch_tensors.keep_freed_memory()  # the ring retains host tensors
+        self.device = _HOST
         self.reader = reader
         self.recompute = recompute
         meta = reader.contents.meta  # checked by the reader: names are text, locations well formed
@@ -75,14 +42,15 @@ class TraceDriver(TorchDriver):
                     (MemorySpace("recorded", 0, 2**64 - 1),))
 
     def load(self, program: Program) -> Mapping[str, Any]:
-        return _LazyInitial(self.reader)
+        return RecordedInitial(self.reader)
 
     def execute(self, node: Node, args: tuple, kwargs: dict) -> list[Any]:
         if self.recompute is not None:  # the trace's values are host tensors: the recompute device gets copies
-            args, kwargs = tree_map_only(torch.Tensor, self.recompute.from_host, (args, kwargs))
-            return [self.recompute.to_host(t) for t in self.recompute.execute(node, args, kwargs)]
+            device = self.recompute
+            args, kwargs = tree_map_only(torch.Tensor, lambda t: from_host(device, t), (args, kwargs))
+            return [to_host(device, t) for t in device.execute(node, args, kwargs)]
         if _is_view_op(node):
-            return super().execute(node, args, kwargs)
+            return torch_tensors.run(node, args, kwargs, _HOST)
         raise RewindError(
             f"{node.describe()}: its output is not in the trace; recomputing it needs the device that recorded "
             f"it (open the trace with a driver, e.g. driver torch:cpu)")
@@ -93,6 +61,27 @@ class TraceDriver(TorchDriver):
             return None
         return Location(loc["chip"], loc["unit"], loc["space"], loc["address"], loc["nbytes"], loc["dtype"],
                         tuple(loc["shape"]), tuple(loc["strides"]))
+
+    # -- the values: host tensors ----------------------------------------------------------------
+    def locate(self, tensor: torch.Tensor, unit: str | None = None) -> Location:
+        return torch_tensors.locate(tensor, unit or self.describe().units[0].name)
+
+    def inspect(self, tensor: torch.Tensor) -> WriteStats:
+        return tensor_checks.inspect(tensor)
+
+    # -- capabilities: HostValues, Precision (a node run again at another precision runs on the host) ----
+    def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        return torch_tensors.to_host(tensor)
+
+    def from_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        return torch_tensors.from_host(tensor, _HOST)
+
+    def cast(self, tensor: torch.Tensor, dtype: str) -> torch.Tensor:
+        return torch_tensors.cast(tensor, dtype)
+
+    def execute_at(self, node: Node, args: tuple, kwargs: dict, dtype: str) -> list[Any]:
+        return torch_tensors.run_at(node, args, kwargs, _HOST, dtype)
+
 
 
 def _printable(name: str) -> str:

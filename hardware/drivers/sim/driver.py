@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+from hardware import tensor_checks, torch_tensors
 from hardware.driver import Chip, Driver, WriteStats
 from hardware.drivers.sim.chip import ChipConfig, Memories, config_from_spec
 from hardware.drivers.sim.delta import Delta
@@ -25,11 +26,11 @@ from hardware.drivers.sim.kernel import Kernel, MemoryPlan, strides
 from hardware.drivers.sim.lowering import lower_program
 from hardware.drivers.sim.machine import POLICIES, MemoryEdit, NodeRun, ReplayError, Scheduler
 from hardware.drivers.sim.state import SimChipState, hang_report, race_reports, shards_of
-from hardware.drivers.torch import TorchDriver
 from hardware.errors import DriverError
 from hardware.instructions import (ChipState, InstructionDriver, InstructionInfo, MemoryRegion, NodeSchedule)
 from hardware.memory import Location
 from hardware.program import Node, Program, Ref
+from hardware.torch_tensors import TensorBytes
 
 
 @dataclass
@@ -51,7 +52,7 @@ class _Side:
     saved: Delta
 
 
-class SimDriver(Driver, InstructionDriver):
+class SimDriver(TensorBytes, Driver, InstructionDriver):
     def __init__(self, config: ChipConfig, seed: int = 0, schedule: str = "round-robin",
                  faults: list[Fault] | None = None):
         if schedule not in POLICIES:
@@ -61,7 +62,7 @@ class SimDriver(Driver, InstructionDriver):
         self.config, self.seed, self.policy = config, seed, schedule
         self.faults = faults or []
         self.name = f"sim:{config.name}"
-        self.host = TorchDriver(torch.device("cpu"))
+        torch_tensors.keep_freed_memory()  # values cross to the host, where the ring retains them
         self.program: Program | None = None
         self.plan: MemoryPlan | None = None
         self.kernels: list[Kernel] = []
@@ -174,7 +175,7 @@ class SimDriver(Driver, InstructionDriver):
     # -- where values live ---------------------------------------------------------------------------
     def locate(self, tensor: Any, unit: str | None = None) -> Location:
         """A tensor not known by value name: its host copy."""
-        return self.host.locate(tensor, unit or "host")
+        return torch_tensors.locate(tensor, unit or "host")
 
     def locate_value(self, name: str, tensor: Any, unit: str | None = None) -> Location:
         buf = self.plan.buffers[name]
@@ -192,29 +193,17 @@ class SimDriver(Driver, InstructionDriver):
 
     # -- host copies of values -------------------------------------------------------------------------
     def inspect(self, tensor: Any) -> WriteStats:
-        return self.host.inspect(tensor)
+        return tensor_checks.inspect(tensor)
 
-    def read(self, tensor: Any, offset: int, count: int) -> bytes:
-        return self.host.read(tensor, offset, count)
-
-    def write(self, tensor: Any, offset: int, data: bytes) -> None:
-        self.host.write(tensor, offset, data)
-
-    def copy_into(self, dst: Any, src: Any) -> None:
-        self.host.copy_into(dst, src)
-
-    def clone(self, tensor: Any) -> Any:
-        return self.host.clone(tensor)
-
-    # Values are host tensors: forensics compares them with a reference as they are.
+    # Values are host tensors: forensics compares them with a reference as they are (HostValues).
     def to_host(self, tensor: Any) -> Any:
-        return self.host.to_host(tensor)
+        return torch_tensors.to_host(tensor)
 
     def from_host(self, tensor: Any) -> Any:
-        return self.host.from_host(tensor)
+        return torch_tensors.from_host(tensor, _HOST)
 
     def cast(self, tensor: Any, dtype: str) -> Any:
-        return self.host.cast(tensor, dtype)
+        return torch_tensors.cast(tensor, dtype)
 
     # -- instruction level -------------------------------------------------------------------------------
     def schedule(self, node: int) -> NodeSchedule | None:
@@ -233,7 +222,7 @@ class SimDriver(Driver, InstructionDriver):
         before = side.run.step_count
         side.run.run(step - before)
         self.steps_run += side.run.step_count - before
-        return SimChipState(self, side.run)
+        return SimChipState(self.config, self.memories, self.name, side.run)
 
     def memory_before(self, node: int, address: int, count: int) -> bytes:
         """The frontier memory (what an open run displaced, put back) with the checkpoints of this node and
@@ -316,6 +305,9 @@ class SimDriver(Driver, InstructionDriver):
         record = self.records.get(node)
         return [(e.step, self.memories.address(e.space, e.core, e.offset), e.data) for e in record.edits] \
             if record else []
+
+
+_HOST = torch.device("cpu")
 
 
 def _bound(node: Node, args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from hardware.drivers.sim.chip import ChipConfig
+from hardware.drivers.sim.chip import ChipConfig, Memories
 from hardware.drivers.sim.isa import Buffer
 from hardware.drivers.sim.kernel import Kernel, rows_cols, strides
 from hardware.drivers.sim.machine import NodeRun
 from hardware.instructions import ChipState, HangReport, RaceReport, UnitState, UnitWait
 from hardware.memory import Location
-
-if TYPE_CHECKING:
-    from hardware.drivers.sim.driver import SimDriver
 
 MAX_RACES = 32  # per node: the first ones are the ones to fix
 
@@ -48,14 +43,15 @@ def hang_report(run: NodeRun) -> HangReport | None:
 
 
 class SimChipState(ChipState):
-    def __init__(self, driver: "SimDriver", run: NodeRun):
-        self.driver, self.run = driver, run
+    def __init__(self, config: ChipConfig, memories: Memories, chip: str, run: NodeRun):
+        """`chip`: the driver's name, which the tiles' Locations carry."""
+        self.config, self.memories, self.chip, self.run = config, memories, chip, run
         self.step = run.step_count
         kernel = run.kernel
         self._footprint = kernel.write_set() + [("DRAM", None, b.offset, b.offset + b.nbytes) for b in kernel.inputs]
 
     def units(self) -> list[UnitState]:
-        run, cores = self.run, self.driver.config.cores
+        run, cores = self.run, self.config.cores
         out = []
         for core in range(cores):
             program = run.kernel.programs[core]
@@ -73,11 +69,11 @@ class SimChipState(ChipState):
         return out
 
     def read(self, address: int, count: int) -> bytes:
-        space, core, offset = self.driver.memories.resolve(address)
-        return self.driver.memories.backing(space, core)[offset:offset + count].tobytes()
+        space, core, offset = self.memories.resolve(address)
+        return self.memories.backing(space, core)[offset:offset + count].tobytes()
 
     def touches(self, address: int) -> bool:
-        where = self.driver.memories.resolve(address)
+        where = self.memories.resolve(address)
         if where is None:
             return False
         space, core, offset = where
@@ -93,8 +89,8 @@ class SimChipState(ChipState):
                 key = (tile.core, tile.offset)
                 if key not in latest or latest[key][0] < step:
                     latest[key] = (step, tile)
-        config = self.driver.config
-        return [_tile_location(config, self.driver.name, tile) for _, tile in latest.values()]
+        config = self.config
+        return [_tile_location(config, self.chip, tile) for _, tile in latest.values()]
 
 
 def _tile_location(config: ChipConfig, chip: str, tile: Buffer) -> Location:

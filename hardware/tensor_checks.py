@@ -1,13 +1,15 @@
-"""The torch driver's on-device checks of a write: digest, NaN/Inf, min/max/mean.
+"""The checks of a write held as a torch tensor: digest, NaN/Inf, min/max/mean. One definition for every
+driver whose values are torch tensors (the torch driver on its device, the sim chip's and a trace's host
+copies), so a digest recorded by one is checked on replay by another.
 
-Three reductions on the device (digest, min/max, sum) make a `Check`: the digest's word sum and
+Three reductions on the tensor's device (digest, min/max, sum) make a `Check`: the digest's word sum and
 [min, max, sum] in the sum's dtype. Four or five kernels a write: on a GPU each is a launch the
-host pays for, so `pack` makes no other. `TorchReadback` carries a batch of them to the host in
-one asynchronous copy per column; `inspect` is a batch of one read back at once. Both
-take the same path: NaN and Inf show in the row (min/max propagate a NaN, an Inf is an extreme), and
-only a row that shows one (or an overflowed sum) is looked at closer, from its tensor, to count them
-and take the stats of the finite elements. So the check that runs on every write costs three passes
-over its bytes, and both ways write the same stats into the write log.
+host pays for, so `pack` makes no other. `TensorReadback` carries a batch of them to the host, one
+stacked column each (the torch driver's own readback makes that copy asynchronous on a GPU); `inspect`
+is a batch of one read back at once. Both take the same path: NaN and Inf show in the row (min/max
+propagate a NaN, an Inf is an extreme), and only a row that shows one (or an overflowed sum) is looked at
+closer, from its tensor, to count them and take the stats of the finite elements. So the check that runs
+on every write costs three passes over its bytes, and both ways write the same stats into the write log.
 """
 
 from __future__ import annotations
@@ -100,37 +102,22 @@ def stats(words: int, extremes_sum: list[float], tensor: torch.Tensor) -> WriteS
 
 def inspect(tensor: torch.Tensor) -> WriteStats:
     """The stats of a write, read back at once: one host sync."""
-    return TorchReadback([pack(tensor)], [tensor]).stats()[0]
+    return TensorReadback([pack(tensor)], [tensor]).stats()[0]
 
 
-class TorchReadback(ChecksReadback):
-    """A batch of Checks on its way to the host: each column stacked (one kernel each), and on a CUDA device
-    copied into pinned memory, ordered by an event on the stream of the checks' device."""
+class TensorReadback(ChecksReadback):
+    """A batch of Checks read back to the host: each column stacked (one kernel each) and read when asked."""
 
     def __init__(self, checks: list[Check | None], tensors: list[Any]):
         self._checks, self._tensors = checks, tensors
         packed = [c for c in checks if c is not None]
         # stack promotes: a batch mixing float32 and float64 rows reads back as float64
         self._columns = [torch.stack(column) for column in zip(*packed)]
-        self._event = None
-        if self._columns and self._columns[0].is_cuda:
-            device = self._columns[0].device
-            self._columns = [_to_pinned(column) for column in self._columns]
-            self._event = torch.cuda.Event()
-            self._event.record(torch.cuda.current_stream(device))  # `cuda:1` is not the current device's stream
 
     def ready(self) -> bool:
-        return self._event is None or self._event.query()
+        return True
 
     def stats(self) -> list[WriteStats]:
-        if self._event is not None:
-            self._event.synchronize()
         rows = zip(*(column.tolist() for column in self._columns))
         return [WriteStats.empty() if check is None else stats(*next(rows), tensor)
                 for check, tensor in zip(self._checks, self._tensors)]
-
-
-def _to_pinned(column: torch.Tensor) -> torch.Tensor:
-    host = torch.empty(column.shape, dtype=column.dtype, pin_memory=True)
-    host.copy_(column, non_blocking=True)  # the allocator frees `column` in stream order, after the copy
-    return host

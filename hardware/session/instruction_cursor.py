@@ -12,22 +12,21 @@ recorded Schedules (which unit ran which instruction at each step), without repl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import numpy as np
 
-from hardware.breakpoints import Breakpoint
 from hardware.errors import RewindError
-from hardware.events import SessionEvent
-from hardware.exception_filters import ExceptionDetails
-from hardware.inspection import FrameInfo
+from hardware.events import ExceptionDetails, Output
 from hardware.instructions import InstructionDriver, NodeSchedule, RaceReport
-from hardware.motion import Direction, Stop
+from hardware.session.breakpoints import Breakpoint, BreakpointTable
+from hardware.session.exception_filters import ExceptionFilters
+from hardware.session.state import FrameInfo, SessionState
+from hardware.ticks import Direction, Stop, Tick
 
 if TYPE_CHECKING:
     from checkpoint.timeline import Timeline
     from hardware.program import Node
-    from hardware.session import Session
 
 FORWARD = Direction.FORWARD
 Targets = Callable[[NodeSchedule | None], np.ndarray]  # positions k of a node a motion may stop at
@@ -40,20 +39,34 @@ class InstructionBreakpoint(Breakpoint):
     pc: int = -1
 
 
+@dataclass(frozen=True)
+class InstructionSpec:
+    """A breakpoint before a unit executes the instruction at a code address (from disassemble)."""
+
+    reference: str  # the address, as text: `0x1f40`
+    offset: int = 0  # bytes added to the address
+    condition: str | None = None  # refused: an instruction breakpoint takes a hit condition only
+    hit_condition: str | None = None
+
+
 class InstructionCursor:
-    def __init__(self, session: "Session", breakpoints: Iterable[InstructionBreakpoint] = ()):
-        """`breakpoints` (of an earlier launch) are bound again to this one's code."""
-        self.session = session
+    def __init__(self, state: SessionState, table: BreakpointTable, exceptions: ExceptionFilters,
+                 stopped: Callable[[Stop], Stop], write_value: Callable[[str, int, bytes], int],
+                 breakpoints: Iterable[InstructionBreakpoint] = ()):
+        """`breakpoints` (of an earlier launch) are bound again to this one's code. `stopped` ends a motion
+        (the Session's), `write_value` edits a value's bytes (its inspection's)."""
+        self.state, self.table, self.exceptions = state, table, exceptions
+        self._stopped, self._write_value = stopped, write_value
         self._at: tuple[int, int, int] | None = None  # (tick, node index, step)
         self.breakpoints: list[InstructionBreakpoint] = list(breakpoints)
         for bp in self.breakpoints:
             bp.verified, bp.message = True, None
-            self.session.breakpoints.validate(bp)
-            self._bind(bp, bp.spec, {})
+            self.table.validate(bp)
+            self._bind(bp, InstructionSpec(bp.spec))
 
     @property
     def tl(self) -> "Timeline":
-        return self.session.tl
+        return self.state.tl
 
     @property
     def driver(self) -> InstructionDriver:
@@ -69,11 +82,11 @@ class InstructionCursor:
         node = tl.node_at(at[0])
         return at[2] if node is not None and node.index == at[1] else 0
 
-    def place(self, tick: int, step: int) -> None:
+    def place(self, tick: Tick, step: int) -> None:
         node = self.tl.node_at(tick)
         self._at = (tick, node.index, step) if step and node is not None else None
 
-    def schedule(self, tick: int) -> NodeSchedule | None:
+    def schedule(self, tick: Tick) -> NodeSchedule | None:
         """The recorded Schedule of the node at `tick` (run first if it never ran); None for an edit step."""
         node = self.tl.node_at(tick)
         if node is None:
@@ -81,7 +94,7 @@ class InstructionCursor:
         self._ensure_run(tick)
         return self.driver.schedule(node.index)
 
-    def _ensure_run(self, tick: int) -> None:
+    def _ensure_run(self, tick: Tick) -> None:
         tl = self.tl
         if tick >= tl.frontier:
             here = tl.position
@@ -92,7 +105,7 @@ class InstructionCursor:
         """The step index that is the next boundary: positions inside are 0 .. last - 1."""
         return 1 if sched is None else sched.positions
 
-    def chip(self, tick: int | None = None, step: int | None = None):
+    def chip(self, tick: Tick | None = None, step: int | None = None):
         """The chip inside the node at `tick` after `step` steps (default: the cursor's)."""
         tl = self.tl
         tick = tl.position if tick is None else tick
@@ -107,7 +120,7 @@ class InstructionCursor:
     def walk(self, direction: Direction, targets: Targets, unit: int | None = None) -> Stop:
         """Move to the nearest position in `direction` that `targets` names, unless an instruction
         breakpoint or an exception filter stops the motion first."""
-        tl, session = self.tl, self.session
+        tl = self.tl
         tick, k0, first = tl.position, self.step, True
         forward = direction is FORWARD
         while True:
@@ -121,11 +134,11 @@ class InstructionCursor:
             found = self._nearest(tick, sched, lo, hi, direction, targets(sched), unit)
             if found is not None:
                 return self._stop(*found)
-            if session._pause.is_set():
+            if self.state.pause.is_set():
                 return self._stop(Stop("pause", tick, "paused"), 0)
             tick, first = tick + (1 if forward else -1), False
 
-    def _nearest(self, tick: int, sched: NodeSchedule | None, lo: int, hi: int, direction: Direction,
+    def _nearest(self, tick: Tick, sched: NodeSchedule | None, lo: int, hi: int, direction: Direction,
                  targets: np.ndarray, unit: int | None) -> tuple[Stop, int] | None:
         """The first position strictly between lo and hi (in direction order) where a target or a stop is."""
         candidates = self.stops(tick, sched)
@@ -146,14 +159,14 @@ class InstructionCursor:
     def _stop(self, stop: Stop, step: int) -> Stop:
         self.tl.seek(stop.tick)
         stop.instruction = step
-        return self.session._stopped(stop)
+        return self._stopped(stop)
 
-    def crossing(self, tick: int, lo: int, hi: int | None, direction: Direction) -> Stop | None:
+    def crossing(self, tick: Tick, lo: int, hi: int | None, direction: Direction) -> Stop | None:
         """For the Session's node-level motions: the first instruction-level stop strictly inside (lo, hi)
         of the node at `tick` (hi None: up to and including its end). Sets the cursor when found."""
         if not 0 <= tick < self.tl.end or self.tl.node_at(tick) is None:
             return None
-        if not self.breakpoints and not ({"race", "hang"} & self.session.exception_filters):
+        if not self.breakpoints and not ({"race", "hang"} & self.exceptions.filters):
             return None
         sched = self.schedule(tick)
         hi = self._last(sched) + 1 if hi is None else hi
@@ -198,20 +211,20 @@ class InstructionCursor:
         self.driver.rewrite(node.index, [int(u) for u in sched.units[:k]] + [unit], edits)
         self._ensure_run(tick)
         self.place(tick, k)
-        self.session.on_event(SessionEvent("output", {"category": "important", "text": (
+        self.state.on_event(Output(
             f"{name} stepped alone at step {k} of '{node.name}': the node's interleaving changed there, "
-            "so its recorded future is forgotten and runs again\n")}))
+            "so its recorded future is forgotten and runs again\n"))
 
     # -- instruction breakpoints and exception filters --------------------------------------------------
-    def stops(self, tick: int, sched: NodeSchedule | None) -> dict[int, Callable[[], Stop]]:
+    def stops(self, tick: Tick, sched: NodeSchedule | None) -> dict[int, Callable[[], Stop]]:
         """Every instruction-level stop inside the node at `tick`, by step (made when chosen)."""
         out: dict[int, Callable[[], Stop]] = {}
         if sched is None:
             return out
         node = self.tl.node_at(tick)
-        if sched.hang is not None and "hang" in self.session.exception_filters:
+        if sched.hang is not None and "hang" in self.exceptions.filters:
             out[sched.hang.step] = lambda: self._hang_stop(tick, node, sched)
-        if "race" in self.session.exception_filters:
+        if "race" in self.exceptions.filters:
             for race in reversed(sched.races):
                 out[race.second_step + 1] = lambda race=race: self._race_stop(tick, node, race)
         hits: dict[int, list[InstructionBreakpoint]] = {}
@@ -224,25 +237,24 @@ class InstructionCursor:
                 f"instruction breakpoint {bp.id} at {bp.spec}" for bp in bps), [bp.id for bp in bps], unit=bps[0].unit)
         return out
 
-    def set_breakpoints(self, specs: Iterable[Mapping[str, Any]]) -> list[Breakpoint]:
-        """Each spec: instructionReference (a code address from disassemble), offset?, hitCondition?."""
+    def set_breakpoints(self, specs: Iterable[InstructionSpec]) -> list[Breakpoint]:
         out = []
         for spec in specs:
-            ref = spec.get("instructionReference", "")
-            bp = InstructionBreakpoint(self.session.breakpoints.next_id(), "instruction", str(ref), None,
-                                       spec.get("hitCondition"))
-            self.session.breakpoints.validate(bp)
-            self._bind(bp, ref, spec)
+            bp = InstructionBreakpoint(self.table.next_id(), "instruction", str(spec.reference), None,
+                                       spec.hit_condition)
+            self.table.validate(bp)
+            self._bind(bp, spec)
             out.append(bp)
         self.breakpoints = out
         return out
 
-    def _bind(self, bp: InstructionBreakpoint, ref: Any, spec: Mapping[str, Any]) -> None:
-        if spec.get("condition"):
+    def _bind(self, bp: InstructionBreakpoint, spec: InstructionSpec) -> None:
+        ref = spec.reference
+        if spec.condition:
             bp.verified, bp.message = False, "instruction breakpoints take a hit condition, not a condition"
             return
         try:
-            address = int(str(ref), 0) + int(spec.get("offset") or 0)
+            address = int(str(ref), 0) + int(spec.offset or 0)
         except ValueError:
             bp.verified, bp.message = False, f"'{ref}' is not an instruction address (use one from disassemble)"
             return
@@ -263,7 +275,7 @@ class InstructionCursor:
         return {"unit": name, "pc": pc, "address": f"{info.address:#x}" if info else None,
                 "instruction": info.text if info else "?"}
 
-    def _race_stop(self, tick: int, node: "Node", race: RaceReport) -> Stop:
+    def _race_stop(self, tick: Tick, node: "Node", race: RaceReport) -> Stop:
         first = self._instruction(node, race.first_unit, race.first_pc) | {"step": race.first_step}
         second = self._instruction(node, race.second_unit, race.second_pc) | {"step": race.second_step}
         span = f"[{race.address:#x}, {race.address + race.nbytes:#x})"
@@ -272,11 +284,11 @@ class InstructionCursor:
                    f"`{second['instruction'].split()[0]}` at step {race.second_step} are not ordered by any barrier, "
                    f"semaphore or DMA wait, in node '{node.name}'" + (f" at {node.loc}" if node.loc else ""))
         detail = {"node": node.name, "tensor": race.tensor, "space": race.space, "kind": race.kind,
-                  "addressRange": [f"{race.address:#x}", f"{race.address + race.nbytes:#x}"],
+                  "addresses": [f"{race.address:#x}", f"{race.address + race.nbytes:#x}"],
                   "units": [first["unit"], second["unit"]], "instructions": [first, second]}
         return self._exception(tick, node, "race", message, detail, race.tensor, race.nbytes, race.second_unit)
 
-    def _hang_stop(self, tick: int, node: "Node", sched: NodeSchedule) -> Stop:
+    def _hang_stop(self, tick: Tick, node: "Node", sched: NodeSchedule) -> Stop:
         hang = sched.hang
         name = self.tl.unit_name
         graph = [{"unit": name(w.unit), "waitsOn": w.what, "since": w.since, "detail": w.detail,
@@ -289,14 +301,14 @@ class InstructionCursor:
         first = hang.waits[0].unit if hang.waits else None
         return self._exception(tick, node, "hang", message, detail, node.outputs[0], len(graph), first)
 
-    def _exception(self, tick: int, node: "Node", filt: str, message: str, detail: dict, value: str, count: int,
+    def _exception(self, tick: Tick, node: "Node", filt: str, message: str, detail: dict, value: str, count: int,
                    unit: int | None) -> Stop:
         details = ExceptionDetails(filt, node.name, node.op, str(node.loc) if node.loc else None, value, count, None,
                                    {}, evidence=detail | {"message": message})
         return Stop("exception", tick, message, exception=details, unit=unit)
 
     # -- inspection -----------------------------------------------------------------------------------
-    def disassemble(self, unit: int, tick: int | None = None) -> list[dict]:
+    def disassemble(self, unit: int, tick: Tick | None = None) -> list[dict]:
         """A unit's instruction stream in the node at `tick` (default: the current one), with source lines."""
         tl = self.tl
         tick = min(tl.position, tl.end - 1) if tick is None else tick
@@ -360,7 +372,7 @@ class InstructionCursor:
     def write(self, address: int, data: bytes) -> int:
         """A write into chip memory at the position: a value edit at a node boundary, else an edit of the
         node's run (applied before the current step when it replays). Returns the tick."""
-        tl, session = self.tl, self.session
+        tl = self.tl
         tick = tl.position
         node = tl.node_at(tick) if tick < tl.end else None
         region = self.driver.region(address, node.index if node else None)
@@ -369,7 +381,7 @@ class InstructionCursor:
                               + (f" ({region.label}: {region.start:#x}+{region.nbytes})" if region else ""))
         k = self.step
         if region.value is not None and k == 0 and tl.version_at(region.value, tick) is not None:
-            return session.write_memory(region.value, address - region.start, data)
+            return self._write_value(region.value, address - region.start, data)
         if node is None or not self.chip().touches(address):
             raise RewindError(f"{address:#x} ({region.label or region.space}) is not memory the node at tick {tick} "
                               "uses: writing it would change nothing")
@@ -399,6 +411,6 @@ def _every(sched: NodeSchedule | None) -> np.ndarray:
     return np.arange(1 if sched is None else sched.positions + 1)
 
 
-def _at(stop: Stop, tick: int) -> Stop:
+def _at(stop: Stop, tick: Tick) -> Stop:
     stop.tick = tick
     return stop

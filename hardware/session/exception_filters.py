@@ -2,7 +2,7 @@
 
 nan, inf: the step wrote a NaN / Inf its inputs did not carry; divergence: the step is where the pass
 first leaves its reference (provenance/forensics.py). The parallel findings of a many-core chip, race
-and hang, are answered from its recorded Schedules (hardware/instruction_cursor.py).
+and hang, are answered from its recorded Schedules (hardware/session/instruction_cursor.py).
 
 A step's NaN/Inf counts come from checks that run on the device and are read back in batches: going
 forward, a step whose checks are still on their way is checked when they land, and the motion stops
@@ -11,49 +11,27 @@ after that step however many steps later they came back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable
+from typing import Callable, Iterable
 
 import torch
 
 from hardware.errors import RewindError
-from hardware.motion import Direction, Stop
+from hardware.events import ExceptionDetails
+from hardware.session.state import SessionState
+from hardware.ticks import Direction, Stop, Tick
+from provenance.forensics import Forensics
 from provenance.writelog import WriteRecord
 
-if TYPE_CHECKING:
-    from hardware.session import Session
-
 KNOWN_FILTERS = ("nan", "inf", "divergence", "race", "hang")
-
-
-@dataclass
-class ExceptionDetails:
-    filter: str  # "nan", "inf", "divergence"
-    node: str
-    op: str
-    source: str | None
-    value: str
-    count: int  # bad elements: NaN, Inf, or (divergence) elements beyond tolerance of the reference
-    first_index: tuple[int, ...] | None
-    inputs: dict[str, dict]  # input name -> stats
-    evidence: dict = field(default_factory=dict)  # forensics: failure pattern, errors against the reference
-
-    def description(self) -> str:
-        where = f" at {self.source}" if self.source else ""
-        if self.filter in ("race", "hang"):  # parallel findings of a many-core chip (hardware/instruction_cursor.py)
-            return self.evidence["message"]
-        if self.filter == "divergence":
-            return (f"'{self.value}' diverges from the reference at {self.count} element(s): "
-                    f"{self.op} ('{self.node}'){where} introduced the error")
-        what = "NaN" if self.filter == "nan" else "Inf"
-        return f"{self.count} {what} written to '{self.value}' by {self.op} ('{self.node}')" + where
 
 
 class ExceptionFilters:
     """The Session's chosen filters, and the steps of the current motion waiting for their checks."""
 
-    def __init__(self, session: "Session"):
-        self.session = session
+    def __init__(self, state: SessionState, forensics: Callable[[], Forensics], value_stats: Callable[[str, int], dict]):
+        self.state = state
+        self._forensics = forensics  # the pass's forensics against its reference (explains, finds divergence)
+        self._value_stats = value_stats  # a value's stats at a position
         self.filters: set[str] = set()
         self._deferred: list[int] = []  # ticks passed whose checks were still on the device
 
@@ -75,9 +53,9 @@ class ExceptionFilters:
                 return Stop("exception", q, details.description(), exception=details)
         return None
 
-    def _defer(self, tick: int, direction: Direction) -> bool:
+    def _defer(self, tick: Tick, direction: Direction) -> bool:
         """Must the exception check of `tick` wait for its on-device checks, still on their way (going forward)?"""
-        checks = self.session.tl.checks
+        checks = self.state.tl.checks
         if direction is Direction.FORWARD and checks is not None and checks.waiting(tick):
             self._deferred.append(tick)
             return True
@@ -88,7 +66,7 @@ class ExceptionFilters:
         scan stops after the tick that set the flag, however many ticks later it came back."""
         if not self._deferred:
             return None
-        checks = self.session.tl.checks
+        checks = self.state.tl.checks
         if settle:
             checks.settle()
         else:
@@ -100,39 +78,39 @@ class ExceptionFilters:
                 return Stop("exception", tick + 1, details.description(), exception=details)
         return None
 
-    def _exception_at(self, tick: int) -> ExceptionDetails | None:
+    def _exception_at(self, tick: Tick) -> ExceptionDetails | None:
         details = self.nonfinite_at(tick, self.filters)
         if details is not None:
-            details.evidence = self.session.forensics.explain(details, tick)
+            details.evidence = self._forensics().explain(details, tick)
             return details
         if "divergence" in self.filters:
-            found = self.session.forensics.divergence_at(tick)
+            found = self._forensics().divergence_at(tick)
             if found is not None:
                 found.details.evidence = found.to_dict()
                 return found.details
         return None
 
-    def nonfinite_at(self, tick: int, filters: Iterable[str] = ("nan", "inf")) -> ExceptionDetails | None:
+    def nonfinite_at(self, tick: Tick, filters: Iterable[str] = ("nan", "inf")) -> ExceptionDetails | None:
         """Did step `tick` produce a NaN/Inf of a kind in `filters` (one its inputs did not carry)?"""
-        tl = self.session.tl
+        tl = self.state.tl
         for rec in tl.log.at_tick(tick):
             for filt, count in (("nan", rec.stats.nan), ("inf", rec.stats.inf)):
                 if filt in filters and count and not self._inputs_carry(tick, filt):
                     return self._exception_details(rec, filt, count)
         return None
 
-    def _inputs_carry(self, tick: int, filt: str) -> bool:
-        tl = self.session.tl
+    def _inputs_carry(self, tick: Tick, filt: str) -> bool:
+        tl = self.state.tl
         node = tl.node_at(tick)
         names = node.input_names() if node else [tl.step_at(tick).edit.value]
         for name in names:
-            s = self.session.value_stats(name, tick)
+            s = self._value_stats(name, tick)
             if (s["nan"] if filt == "nan" else s["inf"]):
                 return True
         return False
 
     def _exception_details(self, rec: WriteRecord, filt: str, count: int) -> ExceptionDetails:
-        tl, value_stats = self.session.tl, self.session.value_stats
+        tl, value_stats = self.state.tl, self._value_stats
         tensor = tl.value(rec.value, rec.tick + 1)
         mask = torch.isnan(tensor) if filt == "nan" else torch.isinf(tensor)
         idx = mask.nonzero()

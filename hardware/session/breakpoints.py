@@ -8,7 +8,7 @@ counted from the start, not from where the user happens to be, so forward and re
 execution agree on which hit is the fifth.
 
 The BreakpointTable holds the Session's line, function and data breakpoints: verified against the
-Program when set, and asked at each position a motion passes (hardware/motion.py) whether one holds.
+Program when set, and asked at each position a motion passes (hardware/session/motion.py) whether one holds.
 """
 
 from __future__ import annotations
@@ -17,19 +17,17 @@ import ast
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
 from hardware.errors import ExpressionError
-from hardware.events import SessionEvent
+from hardware.events import Output
 from hardware.expressions import compile_expression, evaluate, truth
-from hardware.motion import Direction, Stop
 from hardware.program import Frame, Program
+from hardware.session.state import SessionState
 from hardware.source_names import parse_source
-
-if TYPE_CHECKING:
-    from hardware.session import Session
+from hardware.ticks import Direction, Stop
 
 _HIT_RE = re.compile(r"^\s*(==|>=|<=|>|<|%)?\s*(\d+)\s*$")
 
@@ -57,6 +55,34 @@ class Breakpoint:
 
     def invalidate(self) -> None:
         self._cond_cache.clear()
+
+
+@dataclass(frozen=True)
+class LineSpec:
+    """A breakpoint at a source line: stops where the line's execution begins (a log point prints instead)."""
+
+    line: int
+    condition: str | None = None  # an expression over the values there (hardware/expressions.py)
+    hit_condition: str | None = None  # N, ==N, >=N, >N, <=N, <N, %N: which hits stop, counted from the start
+    log_message: str | None = None  # print this ({expressions} interpolated) instead of stopping
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    """A breakpoint on a node name (`softmax_1`), an op (`aten.softmax`) or a module path (`blocks.2.attn`)."""
+
+    name: str
+    condition: str | None = None
+    hit_condition: str | None = None
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """A breakpoint on every write of a value, by its Program name."""
+
+    value: str
+    condition: str | None = None
+    hit_condition: str | None = None
 
 
 def parse_hit_condition(text: str) -> tuple[str, int]:
@@ -162,8 +188,9 @@ class BreakpointTable:
     """The Session's breakpoints by kind; positions where each one's static part matches are cached until the
     Schedule (or, for a data breakpoint, the write log) changes."""
 
-    def __init__(self, session: "Session"):
-        self.session = session
+    def __init__(self, state: SessionState, names_at: Callable[[int], Mapping[str, Any]]):
+        self.state = state
+        self._names_at = names_at  # name -> value at a position, for conditions and log points
         self.line: dict[str, list[Breakpoint]] = {}  # by resolved file path
         self.function: list[Breakpoint] = []
         self.data: list[Breakpoint] = []
@@ -171,7 +198,7 @@ class BreakpointTable:
         self._positions_cache: dict[int, tuple] = {}
 
     def next_id(self) -> int:
-        """Ids are unique across every kind, instruction breakpoints (hardware/instruction_cursor.py) included."""
+        """Ids are unique across every kind, instruction breakpoints (hardware/session/instruction_cursor.py) included."""
         self._next_id += 1
         return self._next_id - 1
 
@@ -182,14 +209,14 @@ class BreakpointTable:
             bp.verified, bp.message = False, str(exc)
 
     # -- setting ---------------------------------------------------------------------------------------
-    def set_line(self, file: str, specs: Iterable[Mapping[str, Any]]) -> list[Breakpoint]:
+    def set_line(self, file: str, specs: Iterable[LineSpec]) -> list[Breakpoint]:
         path = str(Path(file).resolve()) if file else file
         result = []
         for spec in specs:
-            bp = Breakpoint(self.next_id(), "line", f"{path}:{spec['line']}", spec.get("condition"),
-                            spec.get("hitCondition"), spec.get("logMessage"), file=path, line=int(spec["line"]))
+            bp = Breakpoint(self.next_id(), "line", f"{path}:{spec.line}", spec.condition,
+                            spec.hit_condition, spec.log_message, file=path, line=int(spec.line))
             self.validate(bp)
-            if bp.verified and self.session.program is not None:
+            if bp.verified and self.state.program is not None:
                 self._bind_line(bp)
             result.append(bp)
         self.line[path] = result
@@ -202,37 +229,37 @@ class BreakpointTable:
                 self._bind_line(bp)
 
     def _bind_line(self, bp: Breakpoint) -> None:
-        line, why = resolve_line(self.session.program, bp.file, bp.line)
+        line, why = resolve_line(self.state.program, bp.file, bp.line)
         if line is None:
             bp.verified, bp.message = False, why
         else:
             bp.line = line
 
-    def set_function(self, specs: Iterable[Mapping[str, Any]]) -> list[Breakpoint]:
-        program = self.session.program
-        result = []
-        for spec in specs:
-            name = spec["name"]
-            bp = Breakpoint(self.next_id(), "function", name, spec.get("condition"), spec.get("hitCondition"))
-            self.validate(bp)
-            if bp.verified and program is not None and not program.find_nodes(name):
-                bp.verified, bp.message = False, (f"no node, op or module path '{name}' in the program "
-                                                  "(try a node name, an op like aten.softmax, or blocks.0.attn)")
-            result.append(bp)
-        self.function = result
-        return result
+    def set_function(self, specs: Iterable[FunctionSpec]) -> list[Breakpoint]:
+        program = self.state.program
+        self.function = self._named("function", [(spec.name, spec) for spec in specs],
+                                    lambda name: program is None or bool(program.find_nodes(name)),
+                                    lambda name: f"no node, op or module path '{name}' in the program "
+                                                 "(try a node name, an op like aten.softmax, or blocks.0.attn)")
+        return self.function
 
-    def set_data(self, specs: Iterable[Mapping[str, Any]]) -> list[Breakpoint]:
-        program = self.session.program
+    def set_data(self, specs: Iterable[DataSpec]) -> list[Breakpoint]:
+        program = self.state.program
+        self.data = self._named("data", [(spec.value, spec) for spec in specs],
+                                lambda name: program is not None and name in program.values,
+                                lambda name: f"no value named '{name}' in the program")
+        return self.data
+
+    def _named(self, kind: str, specs: list[tuple[str, FunctionSpec | DataSpec]], exists: Callable[[str], bool],
+               missing: Callable[[str], str]) -> list[Breakpoint]:
+        """Breakpoints on things named in the Program: verified when their expressions parse and the name exists."""
         result = []
-        for spec in specs:
-            value = spec["dataId"]
-            bp = Breakpoint(self.next_id(), "data", value, spec.get("condition"), spec.get("hitCondition"))
+        for name, spec in specs:
+            bp = Breakpoint(self.next_id(), kind, name, spec.condition, spec.hit_condition)
             self.validate(bp)
-            if bp.verified and (program is None or value not in program.values):
-                bp.verified, bp.message = False, f"no value named '{value}' in the program"
+            if bp.verified and not exists(name):
+                bp.verified, bp.message = False, missing(name)
             result.append(bp)
-        self.data = result
         return result
 
     def verified(self) -> list[Breakpoint]:
@@ -252,8 +279,7 @@ class BreakpointTable:
             if self._holds(bp, q, self._static_positions(bp)):
                 if bp.log_message is not None:
                     if direction is Direction.FORWARD:
-                        self.session.on_event(SessionEvent("output", {
-                            "category": "console", "text": self._interpolate(bp.log_message, q) + "\n"}))
+                        self.state.on_event(Output(self._interpolate(bp.log_message, q) + "\n", "log"))
                     continue
                 hit.append(bp)
         if not hit:
@@ -265,7 +291,7 @@ class BreakpointTable:
 
     def _static_positions(self, bp: Breakpoint) -> tuple[list[int], frozenset[int]]:
         """Positions where the breakpoint's static part matches (cached until the schedule changes)."""
-        tl, program = self.session.tl, self.session.program
+        tl, program = self.state.tl, self.state.program
         key = (bp.id, tl.end, len(tl.log) if bp.kind == "data" else 0, id(tl))
         cached = self._positions_cache.get(bp.id)
         if cached is not None and cached[0] == key:
@@ -298,17 +324,16 @@ class BreakpointTable:
             return True
         if q not in bp._cond_cache:
             try:
-                bp._cond_cache[q] = truth(evaluate(bp.condition, self.session.names_at(q)))
+                bp._cond_cache[q] = truth(evaluate(bp.condition, self._names_at(q)))
             except ExpressionError as exc:
-                self.session.on_event(SessionEvent("output", {
-                    "category": "stderr", "text": f"breakpoint {bp.id} condition failed at tick {q}: {exc}\n"}))
+                self.state.on_event(Output(f"breakpoint {bp.id} condition failed at tick {q}: {exc}\n", "error"))
                 bp._cond_cache[q] = True  # an unevaluable condition stops, so the user sees why
         return bp._cond_cache[q]
 
     def _interpolate(self, message: str, q: int) -> str:
         def sub(m):
             try:
-                return _short(evaluate(m[1], self.session.names_at(q)))
+                return _short(evaluate(m[1], self._names_at(q)))
             except ExpressionError as exc:
                 return f"<{exc}>"
         return re.sub(r"\{([^{}]+)\}", sub, message)

@@ -1,53 +1,60 @@
 """The Session's instruction-level requests, on a chip whose nodes run as instruction streams (the sim chip):
 disassembly, instruction breakpoints, the recorded interleaving, unit states, memory by physical address.
-The InstructionCursor (hardware/instruction_cursor.py) holds the position inside a node and answers them;
+The InstructionCursor (hardware/session/instruction_cursor.py) holds the position inside a node and answers them;
 on any other driver they are a clear error.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Callable, Iterable
 
-from hardware.breakpoints import Breakpoint
 from hardware.errors import RewindError
-from hardware.instruction_cursor import InstructionCursor
 from hardware.instructions import InstructionDriver
+from hardware.session.breakpoints import Breakpoint, BreakpointTable
+from hardware.session.exception_filters import ExceptionFilters
+from hardware.session.instruction_cursor import InstructionCursor, InstructionSpec
+from hardware.session.state import SessionState
+from hardware.ticks import Stop, Tick
 
 
 class InstructionLevel:
-    """Mixed into Session (hardware/session.py); `_instructions` is the cursor, None on a node-level driver."""
+    """The Session's instruction level: `cursor` is the position inside a node, None on a node-level driver."""
 
-    _instructions: InstructionCursor | None
+    def __init__(self, state: SessionState, table: BreakpointTable, exceptions: ExceptionFilters,
+                 stopped: Callable[[Stop], Stop], write_value: Callable[[str, int, bytes], int]):
+        self.state, self.table = state, table
+        self._make_cursor = lambda kept: InstructionCursor(state, table, exceptions, stopped, write_value, kept)
+        self.cursor: InstructionCursor | None = None
 
-    def _attach_cursor(self) -> None:
+    def attach(self) -> None:
         """After a launch: a cursor for an instruction-stream driver, keeping the earlier launch's breakpoints."""
-        kept = self._instructions.breakpoints if self._instructions is not None else []
-        self._instructions = None
-        if isinstance(self.timeline.driver, InstructionDriver):
-            self._instructions = InstructionCursor(self, kept)
+        kept = self.cursor.breakpoints if self.cursor is not None else []
+        self.cursor = None
+        if isinstance(self.state.tl.driver, InstructionDriver):
+            self.cursor = self._make_cursor(kept)
 
     @property
     def instruction(self) -> int:
         """Steps of the current node's interleaving that have run (0 at a node boundary)."""
-        return self._instructions.step if self._instructions is not None else 0
+        return self.cursor.step if self.cursor is not None else 0
 
     @property
     def physical_memory(self) -> bool:
         """Does the chip expose its memory by physical address (read_address, write_address, disassemble)?"""
-        return self._instructions is not None
+        return self.cursor is not None
 
     def _cursor(self) -> InstructionCursor:
-        if self._instructions is None:
-            raise RewindError(f"driver {self.tl.driver.name} runs nodes, not instruction streams: "
+        if self.cursor is None:
+            raise RewindError(f"driver {self.state.tl.driver.name} runs nodes, not instruction streams: "
                               "instruction-level requests need a chip like sim")
-        return self._instructions
+        return self.cursor
 
-    def disassemble(self, unit: int, tick: int | None = None) -> list[dict]:
+    def disassemble(self, unit: int, tick: Tick | None = None) -> list[dict]:
         """A unit's instructions in the node at `tick` (default: the current node), each with its source line."""
         return self._cursor().disassemble(unit, tick)
 
-    def set_instruction_breakpoints(self, specs: Iterable[Mapping[str, Any]]) -> list[Breakpoint]:
-        """Replace the instruction breakpoints. Each spec: instructionReference (an address), offset?, hitCondition?."""
+    def set_instruction_breakpoints(self, specs: Iterable[InstructionSpec]) -> list[Breakpoint]:
+        """Replace the instruction breakpoints."""
         return self._cursor().set_breakpoints(specs)
 
     def instruction_at(self, address: int) -> dict:
@@ -56,12 +63,12 @@ class InstructionLevel:
         if where is None:
             raise RewindError(f"no instruction at {address:#x}")
         node, unit, pc = where
-        return {"node": self.program.nodes[node].name, "tick": self.tl.node_tick[node], "unit": unit, "pc": pc}
+        return {"node": self.state.program.nodes[node].name, "tick": self.state.tl.node_tick[node], "unit": unit, "pc": pc}
 
-    def interleaving(self, tick: int | None = None):
+    def interleaving(self, tick: Tick | None = None):
         """The recorded Schedule of the node at `tick` (default: the current one): the unit and instruction of
         each of its steps, and the races and hang found there. The node runs first if it never did."""
-        tl = self.tl
+        tl = self.state.tl
         sched = self._cursor().schedule(tl.position if tick is None else tick)
         if sched is None:
             raise RewindError(f"tick {tl.position if tick is None else tick} runs no node on the chip")
@@ -69,7 +76,7 @@ class InstructionLevel:
 
     def unit_states(self) -> list:
         """Every unit's next instruction or what it waits on, at the current step of the current node."""
-        cursor, tl = self._cursor(), self.tl
+        cursor, tl = self._cursor(), self.state.tl
         if tl.position >= tl.end or tl.node_at(tl.position) is None:
             raise RewindError("no node is running here: step into one")
         return cursor.chip().units()
@@ -81,5 +88,5 @@ class InstructionLevel:
     def write_address(self, address: int, data: bytes) -> int:
         """Write chip memory at a physical address: a recorded edit, undone by stepping back."""
         tick = self._cursor().write(address, data)
-        self.breakpoints.invalidate_conditions()
+        self.table.invalidate_conditions()
         return tick

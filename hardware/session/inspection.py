@@ -6,51 +6,55 @@ their own (undone by stepping back over it).
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
 from checkpoint.timeline import Timeline
-from hardware.address_map import occupant
-from hardware.breakpoints import line_positions, resolve_line
+from hardware.driver import placement_of
 from hardware.errors import RewindError
 from hardware.expressions import evaluate
 from hardware.memory import Placement
-from hardware.program import Frame, Node
-from hardware.source_names import frame_instance
+from hardware.program import Node, Program
+from hardware.session.address_map import occupant
+from hardware.session.breakpoints import BreakpointTable, line_positions, resolve_line
+from hardware.session.state import FrameInfo, SessionState
+from hardware.source_names import Assignment, assignments, frame_instance
+from hardware.ticks import Tick
 from provenance.lineage import lineage
 from provenance.writelog import WriteRecord
 
-
-@dataclass
-class FrameInfo:
-    id: int  # 0 = innermost
-    name: str
-    file: str | None
-    line: int | None
-    module_path: str | None
-    instruction_pointer: int | None = None  # code address of the unit's next instruction
+if TYPE_CHECKING:
+    from hardware.session.instruction_cursor import InstructionCursor
 
 
 class Inspection:
-    """The Session's views of its position (mixed into Session, hardware/session.py)."""
+    """The Session's views of its position, and its edits."""
+
+    def __init__(self, state: SessionState, breakpoints: BreakpointTable,
+                 cursor: Callable[[], "InstructionCursor | None"]):
+        self.state = state
+        self.breakpoints = breakpoints  # an edit makes every condition be evaluated again
+        self._cursor = cursor  # the position inside a node, on a chip whose nodes run as instruction streams
+        self._assignments: list[Assignment] = []
+        self._interrupt = threading.Event()  # set by interrupt() from any thread; stops the running evaluation
+
+    def bind(self, program: Program) -> None:
+        """After a launch: the source variable names of the new Program."""
+        self._assignments = assignments(program)
 
     # -- frames and names ----------------------------------------------------------------------------
     def current_node(self) -> Node | None:
-        return self.tl.node_at(self.tl.position)
-
-    def _frames_at(self, tick: int) -> tuple[Frame, ...]:
-        node = self.tl.node_at(tick)
-        return node.frames if node else ()
+        return self.state.tl.node_at(self.state.tl.position)
 
     def frames(self, unit: int | None = None) -> list[FrameInfo]:
         """The node at its source line, then the enclosing module forward frames, innermost first; for a
         unit of a many-core chip, its next instruction first."""
-        if unit and self._instructions is not None:
-            return self._instructions.unit_frame(unit, self.frames())
-        tl = self.tl
+        cursor = self._cursor()
+        if unit and cursor is not None:
+            return cursor.unit_frame(unit, self.frames())
+        tl = self.state.tl
         tick = tl.position if tl.position < tl.end else tl.end - 1
         node = tl.node_at(tick)
         if node is None:
@@ -66,18 +70,18 @@ class Inspection:
             out.append(FrameInfo(0, f"{node.name} ({node.op_short})", None, None, node.module_path))
         return out
 
-    def names_at(self, position: int | None = None, level: int = 0) -> Mapping[str, Any]:
+    def names_at(self, position: Tick | None = None, level: int = 0) -> Mapping[str, Any]:
         """Name -> tensor at a position, materialised lazily (for expressions): the source variables of the
         frames on the stack first (`scores`, `x`), then every value by its Program name (`div_1`)."""
-        pos = self.tl.position if position is None else position
-        return _LazyValues(self.tl, pos, self.source_names(pos, level))
+        pos = self.state.tl.position if position is None else position
+        return _LazyValues(self.state.tl, pos, self.source_names(pos, level))
 
-    def source_names(self, position: int | None = None, level: int = 0) -> dict[str, str]:
+    def source_names(self, position: Tick | None = None, level: int = 0) -> dict[str, str]:
         """Source variable -> value name in one frame on the stack (0 = innermost), as Python scopes them:
         the latest assignment in that frame instance before the position."""
-        tl = self.tl
+        tl = self.state.tl
         pos = tl.position if position is None else position
-        frames = self._frames_at(pos if pos < tl.end else tl.end - 1)
+        frames = self.state.frames_at(pos if pos < tl.end else tl.end - 1)
         if pos >= tl.end:
             frames = frames[:1]
         if level >= len(frames):
@@ -93,7 +97,7 @@ class Inspection:
         """A safe expression over the values at the position; source variables as stack frame `level` sees them.
 
         `interrupt()` from another thread stops it between two operations (an ExpressionError)."""
-        stop = self._interrupt_event()
+        stop = self._interrupt
         stop.clear()  # an interrupt meant for an earlier evaluation is not this one's
         try:
             return evaluate(expression, self.names_at(level=level), stop=stop.is_set)
@@ -102,23 +106,20 @@ class Inspection:
 
     def interrupt(self) -> None:
         """Thread-safe: stop the evaluation that runs now (no effect on motions: pause() stops those)."""
-        self._interrupt_event().set()
-
-    def _interrupt_event(self) -> threading.Event:
-        return self.__dict__.setdefault("_interrupt", threading.Event())  # setdefault is atomic
+        self._interrupt.set()
 
     # -- values ------------------------------------------------------------------------------------------
-    def tensor(self, name: str, position: int | None = None) -> Any:
+    def tensor(self, name: str, position: Tick | None = None) -> Any:
         self._require_value(name)
-        return self.tl.value(name, position)
+        return self.state.tl.value(name, position)
 
     def _require_value(self, name: str) -> None:
-        if self.program is None or name not in self.program.values:
+        if self.state.program is None or name not in self.state.program.values:
             raise RewindError(f"no value named '{name}' in the program")
 
-    def value_stats(self, name: str, position: int | None = None) -> dict:
+    def value_stats(self, name: str, position: Tick | None = None) -> dict:
         """min/max/mean, NaN/Inf counts of a value at a position (from the write log when recorded)."""
-        tl = self.tl
+        tl = self.state.tl
         pos = tl.position if position is None else position
         version = tl.version_at(name, pos)
         if version is None:
@@ -133,30 +134,30 @@ class Inspection:
 
     def tensor_stats(self, tensor: Any) -> dict:
         """min/max/mean and NaN/Inf counts of any tensor (an expression's result), computed by the driver."""
-        s = self.tl.driver.inspect(tensor)
+        s = self.state.tl.driver.inspect(tensor)
         return {"min": s.min, "max": s.max, "mean": s.mean, "nan": s.nan, "inf": s.inf}
 
     def live_values(self) -> list[str]:
-        return self.tl.live()
+        return self.state.tl.live()
 
     def units(self) -> list[str]:
         """The execution units of the chip, by name (unit i is the i-th)."""
-        return list(self.tl.unit_names)
+        return list(self.state.tl.unit_names)
 
     def line_positions(self, file: str, line: int) -> tuple[int, list[int]]:
         """(the line a breakpoint at file:line binds to, the positions where that line's execution begins)."""
         path = str(Path(file).resolve())
-        bound, why = resolve_line(self.program, path, line)
+        bound, why = resolve_line(self.state.program, path, line)
         if bound is None:
             raise RewindError(why)
-        tl = self.tl
-        return bound, line_positions(self.program, tl.node_at, tl.end, path, bound)
+        tl = self.state.tl
+        return bound, line_positions(self.state.program, tl.node_at, tl.end, path, bound)
 
     # -- where values live, who wrote them -------------------------------------------------------------------
     def locate(self, name: str) -> Placement:
         """Where a value lives now; for a trace, where it lived when the recorded run wrote it."""
         self._require_value(name)
-        tl = self.tl
+        tl = self.state.tl
         recorded = getattr(tl.driver, "recorded_location", None)
         if recorded is not None:
             rec = tl.log.last_writer(value=name, before=tl.position)
@@ -164,34 +165,35 @@ class Inspection:
             if loc is not None:
                 return Placement(name, (loc,))
         tensor = tl.physical.get(name) if name in tl.physical else tl.resident(name)
-        tiles = self._instructions.placement(name) if self._instructions is not None else []
-        return Placement(name, tuple(tl.driver.placement(name, tensor)) + tuple(tiles))
+        cursor = self._cursor()
+        tiles = cursor.placement(name) if cursor is not None else []
+        return Placement(name, placement_of(tl.driver, name, tensor) + tuple(tiles))
 
     def provenance(self, name: str, max_history: int = 64) -> dict:
         """Who wrote a value (last writer before the position), its write history, and its lineage."""
         self._require_value(name)
-        tl = self.tl
+        tl = self.state.tl
         last = tl.log.last_writer(value=name, before=tl.position)
         history = tl.log.history(name, before=tl.position)[-max_history:]
-        info = self.program.values[name]
+        info = self.state.program.values[name]
         return {
             "value": name, "kind": info.kind, "dtype": info.dtype, "shape": list(info.shape),
             "lastWriter": last.to_dict() if last else None,
             "history": [r.to_dict() for r in history],
-            "lineage": lineage(self.program, name).to_dict(self.program),
+            "lineage": lineage(self.state.program, name).to_dict(self.state.program),
         }
 
     def who_wrote(self, address: int) -> WriteRecord | None:
-        return self.tl.log.last_writer(address=address, before=self.tl.position)
+        return self.state.tl.log.last_writer(address=address, before=self.state.tl.position)
 
-    def value_at(self, address: int, position: int | None = None) -> dict:
+    def value_at(self, address: int, position: Tick | None = None) -> dict:
         """Which value lives at device address `address` at a position (now by default): the reverse of `locate`."""
-        return occupant(self.tl, address, self.tl.position if position is None else position)
+        return occupant(self.state.tl, address, self.state.tl.position if position is None else position)
 
     # -- memory and edits ----------------------------------------------------------------------------------
     def read_memory(self, name: str, offset: int, count: int) -> bytes:
         self._require_value(name)
-        tl = self.tl
+        tl = self.state.tl
         tensor = tl.physical[name] if name in tl.physical else tl.value(name)
         size = tensor.untyped_storage().nbytes() - tensor.storage_offset() * tensor.element_size()
         start, stop = max(0, offset), min(size, offset + count)
@@ -200,7 +202,7 @@ class Inspection:
     def write_memory(self, name: str, offset: int, data: bytes) -> int:
         """Overwrite bytes of a value at the position: a recorded edit, undone by stepping back."""
         self._require_value(name)
-        tl = self.tl
+        tl = self.state.tl
         tensor = tl.value(name)
         size = tensor.numel() * tensor.element_size()
         if offset < 0 or offset + len(data) > size:
@@ -232,7 +234,7 @@ class Inspection:
 
 
 class _LazyValues(Mapping):
-    def __init__(self, tl: Timeline, position: int, aliases: dict[str, str]):
+    def __init__(self, tl: Timeline, position: Tick, aliases: dict[str, str]):
         self.tl, self.position, self.aliases = tl, position, aliases
 
     def __getitem__(self, name: str) -> Any:

@@ -13,13 +13,15 @@ from __future__ import annotations
 from typing import Any
 
 from checkpoint.timeline import Timeline
+from hardware.driver import allocator_info
+from hardware.ticks import Tick
 
 
-def occupant(tl: Timeline, address: int, position: int) -> dict[str, Any]:
+def occupant(tl: Timeline, address: int, position: Tick) -> dict[str, Any]:
     """What is at `address` when `position` steps have run (`found` False when nothing the run knows is)."""
     found = _program_owned(tl, address) or _written(tl, address, position) or _retained(tl, address)
     out: dict[str, Any] = {"address": hex(address), "tick": position, "found": found is not None, **(found or {})}
-    allocator = tl.driver.allocator_info(address)
+    allocator = allocator_info(tl.driver, address)
     if allocator:
         out["allocatorNow"] = allocator
     return out
@@ -36,7 +38,7 @@ def _program_owned(tl: Timeline, address: int) -> dict[str, Any] | None:
     return None
 
 
-def _written(tl: Timeline, address: int, position: int) -> dict[str, Any] | None:
+def _written(tl: Timeline, address: int, position: Tick) -> dict[str, Any] | None:
     rec = tl.log.last_writer(address=address, before=position)
     while rec is not None and rec.kind == "view":  # a view wrote nothing: what it views was written earlier
         rec = tl.log.last_writer(address=address, before=rec.tick)

@@ -1,0 +1,80 @@
+"""What the Session's collaborators share: the loaded run, where it stopped, and the way to the user.
+
+The Session owns one SessionState and hands it to each collaborator it composes (motion, breakpoints,
+exception filters, inspection, the instruction level); none of them knows the Session itself.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from checkpoint.timeline import Timeline
+from hardware.errors import NotStoppedError
+from hardware.events import SessionEvent
+from hardware.program import Frame, Program
+from hardware.ticks import Stop, Tick
+
+
+@dataclass
+class LaunchOptions:
+    program: str = ""
+    entry: str = "build"
+    driver: str = "auto"
+    budget_mb: float = 1024.0  # the device tier of the checkpoint ring
+    every: int | None = None
+    stop_on_entry: bool = False
+    host_mb: float = 0.0  # host tier (lz4) the ring spills into; 0: none
+    disk_mb: float = 0.0  # disk tier below the host tier; 0: none
+    spill_dir: str | None = None
+    check_batch: int | None = None  # writes whose on-device checks are read back together; None: the driver's
+    device_pool: bool | None = None  # copy checkpoints into a preallocated device pool; None: on a GPU
+    record: str | None = None  # record continuously to this trace file
+    overwrite: bool = False  # record: replace an existing file at `record` (when the recording is closed)
+    trace: str | None = None  # open this trace instead of running a program
+    reference: str | None = None  # forensics: torch:cpu:float64 (the default), a trace, or saved values
+    rtol: float | None = None  # tolerances against the reference; None: the dtype's default
+    atol: float | None = None
+    seed: int = 0  # sim chip: the seed of a random schedule
+    schedule: str = "round-robin"  # sim chip: how units' steps interleave (round-robin, random)
+    faults: list = field(default_factory=list)  # sim chip: injected faults (hardware/drivers/sim/faults.py)
+
+    def driver_options(self) -> dict:
+        """The options the driver itself takes (only those set away from their defaults)."""
+        chosen = {"seed": self.seed, "schedule": self.schedule, "faults": self.faults}
+        defaults = {"seed": 0, "schedule": "round-robin", "faults": []}
+        return {k: v for k, v in chosen.items() if v != defaults[k]}
+
+
+@dataclass
+class FrameInfo:
+    id: int  # 0 = innermost
+    name: str
+    file: str | None
+    line: int | None
+    module_path: str | None
+    instruction_pointer: int | None = None  # code address of the unit's next instruction
+
+
+class SessionState:
+    """The loaded Program and its Timeline, the last Stop, the pause request, and `on_event`."""
+
+    def __init__(self, on_event: Callable[[SessionEvent], None]):
+        self.on_event = on_event
+        self.timeline: Timeline | None = None
+        self.program: Program | None = None
+        self.options: LaunchOptions | None = None
+        self.last_stop: Stop | None = None
+        self.pause = threading.Event()  # set by Session.pause() from any thread; consumed by the next stop
+
+    @property
+    def tl(self) -> Timeline:
+        if self.timeline is None:
+            raise NotStoppedError("no program is loaded: launch first")
+        return self.timeline
+
+    def frames_at(self, tick: Tick) -> tuple[Frame, ...]:
+        """The source frames of the node at `tick` (none for a user's edit)."""
+        node = self.tl.node_at(tick)
+        return node.frames if node else ()

@@ -1,0 +1,190 @@
+"""Values held as torch tensors: what every driver whose values cross to Python as torch tensors does alike.
+
+The torch driver holds its values on its device; the sim chip and a trace hold host copies. Each of them
+locates, reads, writes, copies, converts and runs a node's torch op on such a tensor the same way, and
+they share these lines rather than one driver borrowing another.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import sys
+from typing import Any
+
+import torch
+
+from hardware.errors import DriverError
+from hardware.memory import Location
+from hardware.program import Node
+
+# A bitcast reinterprets bytes, so it cannot run at another element width.
+WIDTH_BOUND_OPS = ("aten.view.dtype",)
+
+
+def keep_freed_memory() -> None:
+    """Let glibc reuse freed tensor memory instead of returning it to the OS.
+
+    The checkpoint ring retains and evicts many large tensors; with glibc's defaults every
+    tensor over its mmap threshold is unmapped when freed and page-faulted afresh when the
+    next one is allocated, which costs more than the ops themselves on a CPU."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.mallopt(_M_MMAP_THRESHOLD, 32 * 2**20)  # glibc's maximum
+    libc.mallopt(_M_TRIM_THRESHOLD, 2**30)
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+# -- running a node's torch op -------------------------------------------------------------------------
+def run(node: Node, args: tuple, kwargs: dict, device: torch.device) -> list[Any]:
+    """Call the node's op with the bound arguments; its outputs in `node.outputs` order."""
+    if "device" in kwargs:  # a factory op (a mask's `ones`) names the device it ran on at export: run it here
+        kwargs = {**kwargs, "device": device}
+    with torch.no_grad():
+        return outputs(node, node.target(*args, **kwargs))
+
+
+def run_widened(node: Node, args: tuple, kwargs: dict, device: torch.device, dtype: torch.dtype) -> list[Any]:
+    """Run the node with every floating input, dtype argument and output no wider than `dtype` made `dtype`."""
+    args, kwargs = widen((args, kwargs), dtype)
+    return [widen(t, dtype) for t in run(node, args, kwargs, device)]  # int / int divides into the default dtype
+
+
+def run_at(node: Node, args: tuple, kwargs: dict, device: torch.device, dtype: str) -> list[Any]:
+    """`Precision.execute_at` for torch tensors: the node's floating-point arithmetic in `dtype`."""
+    target = getattr(torch, dtype, None)
+    if not isinstance(target, torch.dtype) or not target.is_floating_point:
+        raise DriverError(f"'{dtype}' is not a floating-point dtype (float64, float32, float16, bfloat16)")
+    if node.op.startswith(WIDTH_BOUND_OPS):
+        raise DriverError(f"{node.describe()} is a bitcast: it cannot run at another precision")
+    return run_widened(node, args, kwargs, device, target)
+
+
+def outputs(node: Node, result: Any) -> list[Any]:
+    if isinstance(result, torch.Tensor):
+        return [result]
+    # Multi-output ops: keep only the outputs the Program names (getitem users).
+    return [result[i] for i in node.output_indices]
+
+
+def widen(obj: Any, dtype: torch.dtype) -> Any:
+    """`obj` with every floating tensor and floating dtype argument no wider than `dtype` made `dtype`."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(dtype) if _narrower(obj.dtype, dtype) else obj
+    if isinstance(obj, torch.dtype):
+        return dtype if _narrower(obj, dtype) else obj
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(widen(o, dtype) for o in obj)
+    if isinstance(obj, dict):
+        return {k: widen(v, dtype) for k, v in obj.items()}
+    return obj
+
+
+def _narrower(have: torch.dtype, want: torch.dtype) -> bool:
+    return have.is_floating_point and have != want and have.itemsize <= want.itemsize
+
+
+# -- where a tensor lives, and its bytes -----------------------------------------------------------------
+def locate(tensor: torch.Tensor, unit: str) -> Location:
+    """Where a tensor's elements are (cheap: the write log asks for every write)."""
+    device = tensor.device
+    extra: dict[str, Any] = {
+        "storage": tensor.untyped_storage().data_ptr(),
+        "storage_offset_bytes": tensor.storage_offset() * tensor.element_size(),
+    }
+    return Location(chip=device_name(device), unit=unit, space="HBM" if device.type == "cuda" else "host",
+                    address=tensor.data_ptr(), nbytes=_extent_bytes(tensor), dtype=dtype_name(tensor.dtype),
+                    shape=tuple(tensor.shape), strides=tuple(tensor.stride()), extra=extra)
+
+
+def storage(tensor: torch.Tensor) -> tuple[int, int]:
+    """The allocation behind a tensor (views share their base's) and its bytes."""
+    untyped = tensor.untyped_storage()
+    return untyped.data_ptr(), untyped.nbytes()
+
+
+def read(tensor: torch.Tensor, offset: int, count: int) -> bytes:
+    """Bytes of the tensor's storage from its first element + offset."""
+    view = _bytes_view(tensor)
+    start = tensor.storage_offset() * tensor.element_size() + offset
+    return view[start:start + count].cpu().numpy().tobytes()
+
+
+def write(tensor: torch.Tensor, offset: int, data: bytes) -> None:
+    """Overwrite bytes of the tensor's storage in place."""
+    view = _bytes_view(tensor)
+    start = tensor.storage_offset() * tensor.element_size() + offset
+    src = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(tensor.device)
+    view[start:start + len(data)].copy_(src)
+
+
+def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
+    with torch.no_grad():
+        dst.copy_(src)
+
+
+def clone(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.clone()
+
+
+# -- converting ------------------------------------------------------------------------------------------
+class TensorBytes:
+    """The bytes of a chip whose values are torch tensors (the torch, sim and trace drivers): `Driver`'s read, write,
+    copy_into, clone and storage, answered by the functions above."""
+
+    def read(self, tensor: torch.Tensor, offset: int, count: int) -> bytes:
+        return read(tensor, offset, count)
+
+    def write(self, tensor: torch.Tensor, offset: int, data: bytes) -> None:
+        write(tensor, offset, data)
+
+    def copy_into(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        copy_into(dst, src)
+
+    def clone(self, tensor: torch.Tensor) -> torch.Tensor:
+        return clone(tensor)
+
+    def storage(self, tensor: torch.Tensor) -> tuple[int, int]:
+        return storage(tensor)
+
+
+def cast(tensor: torch.Tensor, dtype: str) -> torch.Tensor:
+    return tensor.to(getattr(torch, dtype))
+
+
+def to_host(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().cpu()
+
+
+def from_host(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return tensor.to(device, copy=True)
+
+
+@functools.cache
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@functools.cache
+def device_name(device: torch.device) -> str:
+    return str(device)
+
+
+def _bytes_view(tensor: torch.Tensor) -> torch.Tensor:
+    untyped = tensor.untyped_storage()
+    return torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(untyped)
+
+
+def _extent_bytes(tensor: torch.Tensor) -> int:
+    if tensor.is_contiguous():
+        return tensor.numel() * tensor.element_size()
+    if tensor.numel() == 0:
+        return 0
+    last = sum((s - 1) * st for s, st in zip(tensor.shape, tensor.stride()) if s > 0)
+    return (last + 1) * tensor.element_size()
