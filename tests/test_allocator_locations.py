@@ -66,8 +66,17 @@ def test_the_value_at_an_address_depends_on_the_tick():
     assert (written["value"], written["version"], written["writtenBy"]) == (rec.value, rec.tick, rec.node_name)
     assert written["offset"] == 8 and written["live"] is True
     assert session.value_at(address, rec.tick).get("value") != rec.value  # not yet written
-    later = session.value_at(address, tl.last_use_tick(rec.value) + 1)
-    assert later["value"] != rec.value or later["live"] is False  # dead once its last reader ran
+    last_read = tl.last_use_tick(rec.value)
+    assert last_read > rec.tick
+    still = session.value_at(address, last_read)  # its last reader has not run yet
+    assert (still["value"], still["version"], still["live"]) == (rec.value, rec.tick, True)
+    # Once its last reader ran the value is dead, but its bytes are still there: the checkpoint ring retains that
+    # very tensor (the budget holds the whole run), so the CPU allocator cannot give its memory to another value.
+    later = session.value_at(address, last_read + 1)
+    assert (later["value"], later["version"], later["writtenBy"], later["offset"]) == (rec.value, rec.tick,
+                                                                                       rec.node_name, 8)
+    assert later["live"] is False and later["retained"] is True
+    assert tl.ring.evictions == 0 and (rec.value, rec.tick) in tl.ring
 
 
 def test_program_memory_and_checkpoint_copies_are_named_at_their_addresses():

@@ -3,9 +3,12 @@ have no deterministic kernel (their ticks are what replay's digest check may fla
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import warnings
 from pathlib import Path
 
+import pytest
 import torch
 
 from checkpoint.timeline import Timeline
@@ -14,19 +17,32 @@ from hardware.drivers.torch import TorchDriver
 from tests.conftest import program
 
 UNPOOL = str(Path(__file__).resolve().parent / "models" / "unpool.py")
+# The workspace configs torch itself accepts as deterministic (at::Context::checkCuBLASConfigDeterministic)
+TORCH_DETERMINISTIC_CUBLAS = {":4096:8", ":16:8"}
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-def test_a_deterministic_driver_sets_torch_cudnn_and_cublas_then_gives_them_back():
+@pytest.mark.parametrize("found", [None, ":16:8", ":4096:8", ":0:0"])
+def test_a_deterministic_driver_sets_torch_cudnn_and_cublas_then_gives_them_back(monkeypatch, found):
+    """Whatever the machine's CUBLAS_WORKSPACE_CONFIG was: a deterministic one is kept, any other is replaced by
+    one torch accepts, and everything is given back as it was."""
+    if found is None:
+        monkeypatch.delenv(determinism.CUBLAS_WORKSPACE, raising=False)
+    else:
+        monkeypatch.setenv(determinism.CUBLAS_WORKSPACE, found)
     before = determinism.current()
     driver = TorchDriver(torch.device("cpu"), deterministic=True)
     try:
         now = determinism.current()
         assert (now.algorithms, now.warn_only, now.fill_uninitialized) == (True, True, False)
         assert (now.cudnn_deterministic, now.cudnn_benchmark) == (True, False)
-        assert os.environ[determinism.CUBLAS_WORKSPACE] == (before.cublas_workspace or ":4096:8")
+        workspace = os.environ[determinism.CUBLAS_WORKSPACE]
+        assert workspace in TORCH_DETERMINISTIC_CUBLAS
+        assert workspace == found or found not in TORCH_DETERMINISTIC_CUBLAS
     finally:
         determinism.apply(driver.replaced)
     assert determinism.current() == before
+    assert os.environ.get(determinism.CUBLAS_WORKSPACE) == found
 
 
 def test_a_workspace_config_torch_counts_as_non_deterministic_is_replaced_reported_and_given_back(monkeypatch):
@@ -44,18 +60,62 @@ def test_a_workspace_config_torch_counts_as_non_deterministic_is_replaced_report
     assert any("CUBLAS_WORKSPACE_CONFIG=:0:0 is not deterministic: replaced by :4096:8" in r for r in reports)
 
 
-def test_an_op_without_a_deterministic_kernel_is_reported_once_by_name():
-    reports: list[str] = []
+def kernels_torch_alerts(path: str, device: str) -> set[str]:
+    """The kernels torch itself says have no deterministic implementation on `device` when the model file's module
+    runs eagerly there: torch's own alerts, with deterministic algorithms on in warn-only mode."""
+    spec = importlib.util.spec_from_file_location(f"eager_{Path(path).stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model, inputs = module.build()
+    model, inputs = model.to(device), tuple(t.to(device) for t in inputs)
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+            warnings.simplefilter("always")
+            model(*inputs)
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    said = " does not have a deterministic implementation"
+    return {str(w.message).split(said)[0].strip() for w in caught if said in str(w.message)}
+
+
+def written_digests(tl: Timeline) -> dict[tuple[int, str], int]:
+    return {(r.tick, r.value): r.digest for r in tl.log if r.kind != "view"}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_op_without_a_deterministic_kernel_is_reported_once_by_name(device):
+    """What must hold on any machine: the driver reports exactly the kernels torch alerts about on that device, each
+    once, by op and kernel; replaying flags nothing but the ticks of those ops; and two runs write the same digests
+    at every other tick."""
     unpool = program(UNPOOL)  # exported before: export runs the op's decomposition, which alerts too
-    driver = TorchDriver(torch.device("cpu"), deterministic=True)
+    alerting = kernels_torch_alerts(UNPOOL, device)
+    reports: list[str] = []
+    driver = TorchDriver(torch.device(device), deterministic=True)
     driver.on_report = reports.append
     try:
         tl = Timeline(unpool, driver, budget=1 << 20)
         tl.seek(tl.end)
-        tl.replay_check()  # runs every node again: nothing new to report
+        said = list(reports)
+        findings = tl.replay_check()  # runs every node again: nothing new to report
+        again = Timeline(unpool, driver, budget=1 << 20)  # a second run, by a second Timeline
+        again.seek(again.end)
     finally:
         determinism.apply(driver.replaced)
-    assert len(reports) == 1 and "max_unpooling2d" in reports[0]
-    (op, kernel), = driver.watch.found.items()
-    assert op.startswith("aten.max_unpool2d") and kernel.startswith("max_unpooling2d")
-    assert tl.nondeterminism == []  # on this machine it happened to replay bit for bit
+    found = driver.watch.found  # op -> the kernel torch named
+    assert set(found.values()) == alerting
+    assert set(found) <= {n.op for n in unpool.nodes}
+    op_reports = [r for r in said if "which torch has no deterministic kernel for" in r]
+    assert len(op_reports) == len(found)  # once each
+    for op, kernel in found.items():
+        assert sum(op in r and kernel in r for r in op_reports) == 1, (op, kernel, op_reports)
+    assert [r for r in reports if r in op_reports] == op_reports  # replaying and running again: nothing new
+    flagged = set(found)
+    assert all(tl.node_at(f.tick).op in flagged for f in findings), findings
+    assert tl.nondeterminism == findings
+    first, second = written_digests(tl), written_digests(again)
+    assert first.keys() == second.keys()
+    for (tick, value), digest in first.items():
+        if tl.node_at(tick).op not in flagged:
+            assert second[tick, value] == digest, (tick, value)

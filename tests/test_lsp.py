@@ -98,8 +98,9 @@ async def test_first_nan_is_an_error_at_the_dividing_line_naming_operands_and_pa
 
 
 async def test_hover_shows_what_the_line_wrote_with_stats_location_and_writer(stdio_client):
-    text = await stdio_client.hover(NONFINITE, line_of(NONFINITE, "scaled = centred / spread"))
-    assert "line 13 at tick" in text
+    line = line_of(NONFINITE, "scaled = centred / spread")
+    text = await stdio_client.hover(NONFINITE, line)
+    assert f"line {line} at tick" in text
     assert "`scaled = div` · float32[3, 4]" in text and "**4 NAN**" in text
     assert "written by `aten.div.Tensor` node `div` at tick 4 on unit host in `norm`" in text
     assert "at cpu host 0x" in text and "(48 bytes, node output)" in text

@@ -1,11 +1,17 @@
 """Reverse execution through the Session API: stepping back is exact, breakpoints agree both ways."""
 
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hardware.errors import RewindError
 from hardware.session import Direction, FunctionSpec, LineSpec
-from tests.conftest import EXAMPLES, MODELS, open_session
+from tests.conftest import EXAMPLES, MODELS, open_session, program
 
 DEEP = MODELS / "deep_gpt.py"
 GPT_SOURCE = (EXAMPLES / "gpt.py").read_text().splitlines()
@@ -35,6 +41,113 @@ def recorded(path):
     return RECORDED[path]
 
 
+def eager_model(path):
+    """A fresh instance of the model file's module (its own `build()`), holding the weights and buffers of the
+    Program the engine runs (loaded by name from `Program.initial`), and the Program's inputs."""
+    spec = importlib.util.spec_from_file_location(f"eager_{Path(path).stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model, _ = module.build()
+    prog = program(str(path))
+    state = {v.target: prog.initial[n] for n, v in prog.values.items() if v.kind in ("parameter", "buffer", "constant")}
+    model.load_state_dict(state, strict=True)
+    inputs = tuple(prog.initial[n] for n, v in prog.values.items() if v.kind == "input")
+    return model.eval(), inputs
+
+
+EAGER = {}
+
+
+def eager_values(path) -> dict[str, list[torch.Tensor]]:
+    """What plain eager torch computes for the Program's values: value name -> the eager tensors it must equal.
+
+    The model runs once, eagerly, on the Program's inputs and weights. Names map three ways: the program's output;
+    each submodule's output (a forward hook) is the value of the last node run inside that module; and the source
+    variables of each forward (a line tracer snapshots them as each line begins) are the values the engine's
+    `source_names` gives for the frame and line its nodes run at (lines a loop runs more than once are left out)."""
+    if path in EAGER:
+        return EAGER[path]
+    prog = program(str(path))
+    model, inputs = eager_model(path)
+    module_paths = {id(m): name for name, m in model.named_modules()}
+    outputs: dict[str, torch.Tensor] = {}
+    hooks = [m.register_forward_hook(lambda m, args, out, name=name: outputs.__setitem__(name, out.detach().clone()))
+             for name, m in model.named_modules()]
+    at_line: dict[tuple, list[dict]] = {}
+    files = set(prog.files())
+
+    def tracer(frame, event, arg):
+        if frame.f_code.co_filename not in files:
+            return None
+
+        def line(frame, event, arg):
+            if event == "line":
+                key = (module_paths.get(id(frame.f_locals.get("self"))), frame.f_lineno)
+                at_line.setdefault(key, []).append({k: v.detach().clone() for k, v in frame.f_locals.items()
+                                                    if isinstance(v, torch.Tensor)})
+            return line
+        return line
+
+    sys.settrace(tracer)
+    try:
+        with torch.no_grad():
+            result = model(*inputs)
+    finally:
+        sys.settrace(None)
+        for hook in hooks:
+            hook.remove()
+    eager: dict[str, list[torch.Tensor]] = {prog.outputs[0]: [result]}
+    last_in: dict[str, str] = {}
+    for node in prog.nodes:
+        for module_path, _cls in node.module_stack:
+            last_in[module_path] = node.outputs[-1]
+    for module_path, out in outputs.items():
+        eager.setdefault(last_in[module_path], []).append(out)
+    session = open_session(path)
+    for tick in range(session.end):
+        frame = session.tl.node_at(tick).frames[-1]
+        snapshots = at_line.get((frame.module_path, frame.loc.line), [])
+        if len(snapshots) == 1:
+            for variable, name in session.source_names(tick).items():
+                if variable in snapshots[0]:
+                    eager.setdefault(name, []).append(snapshots[0][variable])
+    session.close()
+    EAGER[path] = eager
+    return eager
+
+
+def assert_matches_eager(tl, eager) -> int:
+    """Every live value eager torch also computed, and the latest value it computed that exists at the position
+    (live or not), are bit for bit eager's. How many were compared (0 only before any such value is written).
+
+    Bit for bit, not within a tolerance: the engine runs the aten ops eager runs, on the same CPU, on the same
+    inputs, and torch's CPU kernels give the same bits for the same op on the same inputs in one process."""
+    position = tl.position
+    written = [n for n in eager if tl.version_at(n, position) is not None]
+    latest = max(written, key=lambda n: tl.version_at(n, position), default=None)
+    compared = 0
+    for name in set(tl.live()) | ({latest} - {None}):
+        for tensor in eager.get(name, ()):
+            assert torch.equal(tl.value(name, position), tensor), (position, name)
+            compared += 1
+    return compared
+
+
+def checkpoint_contents(session, tick: int) -> tuple[int, int]:
+    """(values, bytes) a checkpoint at `tick` holds, from the Program alone: the values a node before `tick`
+    computed that a node at or after it still reads (or the program returns), each storage counted once.
+    `session` ran past `tick` without edits (node i ran at tick i); the sizes are its tensors'."""
+    prog = session.program
+    end = len(prog.nodes)
+    names = [n for n, v in prog.values.items()
+             if v.producer is not None and v.producer < tick <= min(v.last_use, end)]
+    storages = {}
+    for name in names:
+        storage = session.tensor(name, tick).untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+    return len(names), sum(storages.values())
+
+
 def total_intermediate_bytes(path) -> int:
     session = open_session(path, budget_mb=1024)
     session.goto(session.end)
@@ -44,21 +157,30 @@ def total_intermediate_bytes(path) -> int:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_step_back_restores_every_live_tensor_bit_for_bit(data):
+    """Each value after a step back, and after the step forward again, is bit for bit what the engine's own
+    first pass wrote, and what plain eager torch computes on the same inputs and weights (`eager_values`)."""
     expected = recorded(DEEP)
+    eager = eager_values(DEEP)
     budget = total_intermediate_bytes(DEEP) // 4 / 2**20  # forces eviction and recomputation
     session = open_session(DEEP, budget_mb=budget, every=4)
     tl = session.tl
     session.goto(tl.end)
+    assert len(eager) > len(session.program.nodes) // 2  # eager torch vouches for most values, by name
+    assert assert_matches_eager(tl, eager) >= 1  # the output
     ticks = data.draw(st.lists(st.integers(1, tl.end), min_size=1, max_size=6))
+    compared = 0
     for tick in ticks:
         session.goto(tick)
-        session.step(Direction.REVERSE, "statement")
-        assert tl.position == tick - 1
-        live = tl.live()
-        assert set(live) == set(expected[tick - 1])
-        for name in live:
-            assert torch.equal(tl.value(name), expected[tick - 1][name]), (tick - 1, name)
-        assert tl.ring.used <= tl.ring.budget
+        for direction, position in ((Direction.REVERSE, tick - 1), (Direction.FORWARD, tick)):  # a round trip
+            session.step(direction, "statement")
+            assert tl.position == position
+            live = tl.live()
+            assert set(live) == set(expected[position])
+            for name in live:
+                assert torch.equal(tl.value(name), expected[position][name]), (position, name)
+            compared += assert_matches_eager(tl, eager)
+            assert tl.ring.used <= tl.ring.budget
+    assert compared >= len(ticks)  # at least one value each time the step forward lands
     assert tl.ring.peak <= tl.ring.budget
     assert tl.ring.evictions > 0
     assert not tl.nondeterminism
@@ -207,18 +329,27 @@ def test_end_of_program_keeps_the_session_and_allows_going_back():
 def test_kv_cache_step_back_restores_the_buffer_pre_image():
     session = open_session(EXAMPLES / "kv_cache.py", budget_mb=0.001)
     tl = session.tl
+    model, inputs = eager_model(EXAMPLES / "kv_cache.py")
     before = tl.physical["b_k_cache"].clone()
-    write_tick = next(r.tick for r in tl.log.history("b_k_cache")) if len(tl.log) else None
-    assert write_tick is None
+    assert torch.equal(before, model.k_cache)  # the pre-image: the buffer as the module holds it
+    with torch.no_grad():
+        model(*inputs)  # eager torch writes the cache in place
     session.goto(tl.end)
     after = tl.physical["b_k_cache"].clone()
     assert not torch.equal(before, after)
+    assert torch.equal(after, model.k_cache)  # bit for bit eager torch's post-image
     (rec,) = tl.log.history("b_k_cache")
     assert rec.kind == "buffer write"
-    session.goto(rec.tick + 1)
+    inside = session.locate("b_k_cache").shards[0].address + 4
+    session.goto(rec.tick + 1)  # the buffer has been written
     assert torch.equal(tl.physical["b_k_cache"], after)
-    session.step(Direction.REVERSE, "statement")
+    assert tl.log.last_writer(value="b_k_cache", before=tl.position).tick == rec.tick
+    assert (session.who_wrote(inside).tick, session.who_wrote(inside).kind) == (rec.tick, "buffer write")
+    session.step(Direction.REVERSE, "statement")  # back past the write
+    assert tl.position == rec.tick
     assert torch.equal(tl.physical["b_k_cache"], before)
+    assert tl.log.last_writer(value="b_k_cache", before=tl.position) is None  # no write of it before this tick
+    assert session.who_wrote(inside) is None
     session.goto(tl.end)
     assert torch.equal(tl.physical["b_k_cache"], after)
 
@@ -248,11 +379,14 @@ def test_checkpoints_are_listed_and_restorable():
     session.run()
     cps = session.checkpoints()
     assert [c["tick"] for c in cps][:3] == [0, 8, 16]
-    assert all(c["tier"] == "host" and c["bytes"] >= 0 for c in cps)
+    assert all(c["tier"] == "host" for c in cps)
+    assert (cps[0]["values"], cps[0]["bytes"]) == (0, 0)  # nothing is computed at tick 0
+    for c in cps:
+        values, nbytes = checkpoint_contents(session, c["tick"])
+        assert (c["values"], c["bytes"]) == (values, nbytes), c
+        assert c["tick"] == 0 or nbytes > 0
     stop = session.restore(16)
     assert stop.tick == 16
-    import pytest
-    from hardware.errors import RewindError
     with pytest.raises(RewindError, match="no checkpoint at tick 17"):
         session.restore(17)
 
@@ -261,15 +395,19 @@ def test_edit_is_a_step_undone_by_stepping_back():
     session = open_session(EXAMPLES / "mlp.py")
     tl = session.tl
     session.goto(2)  # after fc1 and relu
-    original_out = None
-    before = session.tensor("relu").clone()
+    before = session.tensor("relu").numpy().tobytes()
     tick = session.set_element("relu", (0, 1), 123.0)
     assert tick == 2 and tl.position == 3
-    assert session.tensor("relu")[0, 1].item() == 123.0
+    edited = session.tensor("relu").clone()
+    assert edited[0, 1].item() == 123.0
+    stop = session.step(Direction.REVERSE, "statement")  # back over the edit: one step
+    assert (stop.reason, stop.tick, tl.position) == ("step", 2, 2)
+    assert session.tensor("relu").numpy().tobytes() == before  # the pre-edit bytes, every one
+    stop = session.step(Direction.FORWARD, "statement")  # and forward again: the edit is done again
+    assert (stop.tick, tl.position) == (3, 3)
+    assert torch.equal(session.tensor("relu"), edited)
     session.goto(tl.end)
     edited_out = session.tensor("linear_2").clone()
-    session.goto(2)
-    assert torch.equal(session.tensor("relu"), before)
     fresh = open_session(EXAMPLES / "mlp.py")
     fresh.goto(fresh.end)
     original_out = fresh.tensor("linear_2")

@@ -18,8 +18,8 @@ from checkpoint.trace import TraceError, TraceReader, adopt_partial
 from hardware.drivers import trace_driver
 from hardware.errors import RewindError
 from hardware.session import Direction, LaunchOptions, LineSpec, Session
-from tests.conftest import EXAMPLES, MODELS, ROOT, open_session
-from tests.test_trace_trust import assert_refused_or_usable
+from tests.conftest import EXAMPLES, MODELS, ROOT, line_of, open_session
+from tests.test_trace_trust import assert_clear, assert_refused_or_usable, boundaries
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +67,9 @@ def test_breakpoints_and_reverse_execution_work_from_the_trace(saved):
     live, path, _ = saved
     trace = open_trace(path)
     file = str(EXAMPLES / "gpt.py")
-    trace.set_line_breakpoints(file, [LineSpec(28, condition="scores.max() > 0")])
-    live.set_line_breakpoints(file, [LineSpec(28, condition="scores.max() > 0")])
+    masked = line_of(EXAMPLES / "gpt.py", "scores = scores.masked_fill")  # in both blocks' attention
+    trace.set_line_breakpoints(file, [LineSpec(masked, condition="scores.max() > 0")])
+    live.set_line_breakpoints(file, [LineSpec(masked, condition="scores.max() > 0")])
     live.goto(0)
     assert trace.start().tick == live.start().tick
     assert trace.run().tick == live.run().tick
@@ -176,33 +177,110 @@ def test_not_a_trace_wrong_version_bit_flip_and_truncation_name_the_problem(save
         TraceReader(corrupt(path, tmp_path, lambda d: d[:16]))
 
 
-@settings(max_examples=40, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(data=st.data())
-def test_reader_never_crashes_or_hangs_on_damaged_files(saved, tmp_path, data):
-    """Each damaged file is refused with a TraceError naming it, or opens, and then running to the end, stepping
-    back, going to tick 0 and reading every value at the stops work or fail in plain words (the rule of
-    tests/test_trace_trust.py, here on hypothesis's damage to a bigger trace)."""
-    _, path, _ = saved
-    original = path.read_bytes()
+# Where damage lands: a frame of one of these kinds, from its first byte to 64 bytes in. Hypothesis draws the first
+# ones most (what it deems simplest): damage amid the steps, which a reader may open cut short; the header, the
+# program and the parameters, which it must refuse, come up too.
+REGIONS = ("version", "step", "write", "checkpoint", "index", "footer", "initial", "program", "meta", "header")
+
+
+def _damaged_copy(data, original: bytes) -> bytes:
+    """`original` with 1 to 8 flips, splices and cuts."""
+    starts: dict[str, list[int]] = {"header": [0]}
+    for offset, kind in boundaries(original):
+        starts.setdefault(kind, []).append(offset)
     damaged = bytearray(original)
     for _ in range(data.draw(st.integers(1, 8))):
-        kind = data.draw(st.sampled_from(["flip", "cut", "late cut", "splice"]))
-        if kind == "flip" and damaged:
-            at = data.draw(st.integers(0, len(damaged) - 1))
+        kind = data.draw(st.sampled_from(["late cut", "flip", "splice", "cut"]))
+        frames = starts[data.draw(st.sampled_from(REGIONS))]
+        at = min(len(damaged), frames[data.draw(st.integers(0, len(frames) - 1))] + data.draw(st.integers(0, 64)))
+        if kind == "flip" and at < len(damaged):
             damaged[at] ^= 1 << data.draw(st.integers(0, 7))
+        elif kind == "splice":
+            damaged[at:at] = data.draw(st.binary(min_size=1, max_size=64))
         elif kind == "cut":
-            damaged = damaged[: data.draw(st.integers(0, len(damaged)))]
+            damaged = damaged[:at]
         elif kind == "late cut":  # amid the steps, after the parameters: a trace that opens cut short
             damaged = damaged[: data.draw(st.integers(len(damaged) * 9 // 10, len(damaged)))]
-        else:
-            at = data.draw(st.integers(0, len(damaged)))
-            damaged[at:at] = data.draw(st.binary(max_size=64))
-    bad = tmp_path / "fuzz.rwtrace"
-    bad.write_bytes(bytes(damaged))
-    started = time.monotonic()
-    assert_refused_or_usable(bad)
-    assert time.monotonic() - started < 60
+    return bytes(damaged)
+
+
+def test_reader_never_crashes_or_hangs_on_damaged_files(saved, tmp_path):
+    """Hypothesis's damage to a trace of examples/gpt.py, opened through `Session` (LaunchOptions(trace=...)).
+
+    Each damaged file is either refused, with the project's own error (a RewindError naming the file, in words: no
+    Python exception names, no traceback) and the same Session then opens the undamaged trace and answers like the
+    live run; or it opens, and every value it shows at tick 0, half way, at its frontier and past it is bit for bit
+    the live run's (frames carry checksums: damage may cost values, never change them), or is refused in words;
+    then the rule of tests/test_trace_trust.py (`assert_refused_or_usable`: every motion and request works or fails
+    in words) holds for it. Both outcomes must occur. The same files through DAP: tests/dap/test_damaged_traces.py."""
+    live, path, _ = saved
+    original = path.read_bytes()
+    run = open_session(EXAMPLES / "gpt.py")  # the live run again, every value kept: the expected values
+    recorded: dict[int, dict] = {}
+
+    def reference(tick: int) -> dict:
+        """The live run's values at `tick`: name -> (tensor, stats)."""
+        if tick not in recorded:
+            run.goto(tick)
+            recorded[tick] = {n: (run.tensor(n).clone(), run.value_stats(n)) for n in run.live_values()}
+        return recorded[tick]
+
+    def agrees(session: Session, tick: int) -> int:
+        """Go to `tick` and read every value; what reads must be the live run's. How many values read."""
+        try:
+            session.goto(tick)
+        except RewindError as exc:
+            assert_clear(str(exc))
+            return 0
+        expected = reference(tick)
+        assert sorted(session.live_values()) == sorted(expected), tick
+        read = 0
+        for name, (tensor, stats) in expected.items():
+            try:
+                got = session.tensor(name)
+            except RewindError as exc:
+                assert_clear(str(exc))
+                continue
+            assert torch.equal(got, tensor), (tick, name)
+            assert session.value_stats(name) == stats, (tick, name)
+            read += 1
+        return read
+
+    outcomes = {"opened": 0, "refused": 0, "values read from opened files": 0}
+
+    @settings(max_examples=40, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(data=st.data())
+    def damaged_file(data):
+        bad = tmp_path / "fuzz.rwtrace"
+        bad.write_bytes(_damaged_copy(data, original))
+        started = time.monotonic()
+        session = Session()
+        try:
+            session.launch(LaunchOptions(trace=str(bad), budget_mb=0.05))
+        except RewindError as exc:
+            outcomes["refused"] += 1
+            message = str(exc)
+            assert str(bad) in message, f"the refusal does not name the file: {message}"
+            assert_clear(message)
+            session.launch(LaunchOptions(trace=str(path), budget_mb=0.05))  # the same Session, the whole trace
+            assert session.tl.frontier == session.end == live.end
+            assert agrees(session, live.end) == len(reference(live.end)) > 0
+            session.close()
+            assert time.monotonic() - started < 60
+            return
+        outcomes["opened"] += 1
+        frontier = session.tl.frontier
+        assert session.end == live.end and 0 <= frontier <= live.end
+        for tick in sorted({0, frontier // 2, frontier, min(frontier + 1, live.end), live.end}):
+            outcomes["values read from opened files"] += agrees(session, tick)
+        session.close()
+        assert_refused_or_usable(bad)
+        assert time.monotonic() - started < 60
+
+    damaged_file()
+    assert outcomes["opened"] >= 5 and outcomes["refused"] >= 5, outcomes  # both sides of the rule were exercised
+    assert outcomes["values read from opened files"] >= 10 * outcomes["opened"], outcomes  # and compared
 
 
 def test_ring_spills_to_host_and_disk_tiers_within_their_budgets(tmp_path):

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import open_session
 from tests.dap.wire import GPT, STATS_RE, DapError, line_of, named
+from tests.test_reverse_execution import checkpoint_contents
 
 MASK = line_of("mask = torch.ones")
 
@@ -135,7 +137,13 @@ def test_custom_requests_locate_provenance_timeline_checkpoints(at_mask):
     timeline = at_mask.request("timeline", {"start": 13, "count": 3})
     assert timeline["position"] == 15 and [t["node"] for t in timeline["ticks"]] == ["matmul", "div", "ones"]
     checkpoints = at_mask.request("checkpoints")["checkpoints"]
-    assert checkpoints[0]["tick"] == 0 and all(c["bytes"] >= 0 for c in checkpoints)
+    assert checkpoints[0] == {"tick": 0, "bytes": 0, "tier": "host", "values": 0}  # nothing computed yet
+    assert len(checkpoints) > 1  # the run to tick 15 made some
+    same = open_session(GPT)  # the same program in this process: what each checkpoint must hold, from liveness
+    same.run()
+    for c in checkpoints[1:]:
+        assert (c["values"], c["bytes"]) == checkpoint_contents(same, c["tick"]), c
+        assert c["bytes"] > 0
     with pytest.raises(DapError, match="unknown field 'tik'"):
         at_mask.request("restoreCheckpoint", {"tik": 8})
     with pytest.raises(DapError, match="no checkpoint at tick 7"):

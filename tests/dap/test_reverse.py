@@ -1,6 +1,9 @@
 """Moving through time through the wire: reverse-continue, step back, goto, stepping in and out, the end."""
 
+import base64
+
 from tests.dap.wire import GPT, line_of
+from tests.test_reverse_execution import eager_values
 
 MASK = line_of("mask = torch.ones")
 MASKED = line_of("scores = scores.masked_fill")
@@ -21,17 +24,39 @@ def test_reverse_continue_lands_on_last_hit(fresh):
     assert stop["reason"] == "entry" and fresh.position() == 0
 
 
+def scores_bytes(debugger) -> tuple[str, bytes]:
+    """The value `scores` names at the stop, and every byte of it, read through readMemory."""
+    placement = debugger.request("locate", {"name": "scores"})
+    (shard,) = placement["shards"]
+    variable = next(v for v in debugger.scope("Locals") if v["name"] == "scores")
+    memory = debugger.request("readMemory", {"memoryReference": variable["memoryReference"], "offset": 0,
+                                             "count": shard["nbytes"]})
+    assert memory.get("unreadableBytes", 0) == 0
+    return placement["value"], base64.b64decode(memory["data"])
+
+
 def test_step_back_restores_values(fresh):
+    """Stepping back restores `scores` as the engine wrote it before, and each of its values on the way (before the
+    mask, masked, and back) is bit for bit what plain eager torch computes for the same model, weights and tokens
+    (examples/gpt.py's `build()`, run eagerly: tests/test_reverse_execution.py's `eager_values`)."""
+    eager = eager_values(GPT)
     fresh.set_breakpoints(GPT, [{"line": MASKED}])
     fresh.motion("continue")
     before_sum = fresh.number("scores.sum()")
     before_text = next(v for v in fresh.scope("Locals") if v["name"] == "scores")["value"]
+    before_name, before_bytes = scores_bytes(fresh)
+    assert before_name == "div"  # q @ k^T / sqrt(d), not yet masked
+    assert before_bytes == eager[before_name][0].contiguous().numpy().tobytes()
     assert fresh.motion("next")["reason"] == "step"
     assert fresh.number("scores.sum()") == float("-inf")  # the mask wrote -inf above the diagonal
+    masked_name, masked_bytes = scores_bytes(fresh)
+    assert masked_name == "masked_fill" and masked_bytes != before_bytes
+    assert masked_bytes == eager[masked_name][0].contiguous().numpy().tobytes()
     assert fresh.motion("stepBack")["reason"] == "step"
     assert fresh.top()["line"] == MASKED
     assert fresh.number("scores.sum()") == before_sum
     assert next(v for v in fresh.scope("Locals") if v["name"] == "scores")["value"] == before_text
+    assert scores_bytes(fresh) == (before_name, before_bytes)
 
 
 def test_goto_jumps_to_each_tick_a_line_ran(fresh):
