@@ -41,13 +41,13 @@ def timed(fn, device: str) -> float:
 
 
 def step_back_latencies(s: Session, samples: int, device: str) -> tuple[float, float]:
-    """p50 and p95, in ms, of one statement step back from seeded random ticks, every live value read after it."""
+    """p50 and p95, in ms, of one node step back (granularity instruction) from seeded random ticks, every live value read after it."""
     tl, rng, lat = s.tl, random.Random(0), []
     for _ in range(samples):
         s.goto(rng.randint(1, tl.end))
 
         def back():
-            s.step(Direction.REVERSE, "statement")
+            s.step(Direction.REVERSE, "instruction")
             for name in tl.live():
                 tl.value(name)
 

@@ -4,7 +4,7 @@
 
 The earlier revision is checked out into a temporary git worktree; each round runs the workload once in a fresh
 process on each tree, alternating, so both see the same machine. The workload is a session on examples/gpt.py
-through the Session API both trees share: launch, run to the end, step back one statement at a time, reverse-continue
+through the Session API both trees share: launch, run to the end, step back one node at a time, reverse-continue
 to the start and continue to the end twenty times with the nan and inf filters on, and read every live value's
 stats with the frames at a few positions. Printed: the median seconds of each phase on each tree, and the
 ratio new/old.
@@ -37,8 +37,8 @@ phase("run to the end", lambda: s.run())
 def back_to_start():
     s.goto(s.end)
     while s.position > 0:
-        s.step(Direction.REVERSE, "statement")
-phase("step back from the end to the start, one statement at a time", back_to_start)
+        s.step(Direction.REVERSE, "instruction")
+phase("step back from the end to the start, one node at a time", back_to_start)
 def round_trips():
     for _ in range(20):
         s.run(Direction.REVERSE)

@@ -97,7 +97,7 @@ class Bench:
 
 
 def step_back(bench: Bench, s: Session, samples: int, node_ms: float) -> str:
-    """p50/p95 of a statement step back from random ticks, every live value materialised; how they came back."""
+    """p50/p95 of a one-node step back from random ticks, every live value materialised; how they came back."""
     tl = s.tl
     recomputed, loaded = tl.recomputed, tl.loaded
     p50, p95 = step_back_latencies(s, samples, bench.device)

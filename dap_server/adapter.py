@@ -174,11 +174,10 @@ class Adapter:
         """A Program value name from what the user typed: a source variable (`scores`) or a value (`div`)."""
         self.require_launched()
         name = name.strip()
+        value = self.session.resolve_name(name, level)  # a variable of another frame, or unassigned: said here
+        if value is not None:
+            return value
         aliases = self.session.source_names(level=level)
-        if name in aliases:
-            return aliases[name]
-        if name in self.session.program.values:
-            return name
         hint = f"; source variables here: {', '.join(sorted(aliases))}" if aliases else ""
         what = "variable or value" if _IDENTIFIER.match(name) else "value name (an expression is not a value)"
         raise RewindError(f"'{name}' is not a {what} of the program{hint}")

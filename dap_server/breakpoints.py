@@ -97,7 +97,8 @@ class SetFunctionBreakpointsArguments(Arguments):
 @request("setFunctionBreakpoints")
 @capability("supportsFunctionBreakpoints")
 def set_function_breakpoints(adapter: "RequestContext", args: SetFunctionBreakpointsArguments) -> dict:
-    """Node names (`softmax_1`), ops (`aten.softmax`), module paths (`blocks.2.attn`)."""
+    """Node names (`softmax_1`), ops (`aten.softmax`), module paths (`blocks.2.attn`, `model.layers.1.mlp`) and
+    module classes (`LlamaRMSNorm`)."""
     specs = [FunctionSpec(b.name, b.condition, b.hitCondition) for b in args.breakpoints]
     return {"breakpoints": [_breakpoint(adapter, bp) for bp in adapter.session.set_function_breakpoints(specs)]}
 

@@ -8,6 +8,7 @@ would. Commands read from a terminal (with history), from a script (`-x FILE`), 
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -45,8 +46,10 @@ class Console(ExperimentCommands):
     def __init__(self, client: DapClient, out: TextIO, json_mode: bool = False):
         self.client, self.out, self.json_mode = client, out, json_mode
         self.breakpoints: list[ConsoleBreakpoint] = []
+        self._numbered = 0  # breakpoint numbers given so far: a number is never given again, not even after delete
         self._sources: dict[str, list[str]] = {}
         self.failures = 0
+        self.frame = 0  # the stack frame (where's #N) print, locals, prov and locate read; #0 again after each stop
         self.ask: Callable[[str], bool] | None = None  # a yes/no question to the user, at a terminal only
         self.recording: str | None = None  # the recording an engine left when it ended, to reopen
         self.commands: dict[str, Callable[[str], Result | None]] = {}
@@ -56,6 +59,7 @@ class Console(ExperimentCommands):
             (("finish", "out"), self.cmd_finish), (("back",), self.cmd_back), (("rc",), self.cmd_rc),
             (("goto",), self.cmd_goto), (("print", "p", "eval"), self.cmd_print), (("locals",), self.cmd_locals),
             (("where", "bt"), self.cmd_where), (("locate",), self.cmd_locate), (("prov",), self.cmd_prov),
+            (("up",), self.cmd_up), (("down",), self.cmd_down), (("frame", "f"), self.cmd_frame),
             (("checkpoints",), self.cmd_checkpoints), (("restore",), self.cmd_restore), (("save",), self.cmd_save),
             (("reopen",), self.cmd_reopen),
             (("help", "h"), self.cmd_help), (("quit", "q", "exit"), self.cmd_quit), *self.experiment_commands(),
@@ -71,7 +75,9 @@ class Console(ExperimentCommands):
                                            "columnsStartAt1": True, "pathFormat": "path"})
         mark = self.client.mark()
         target = {k: v for k, v in target.items() if v is not None}
-        self.client.request("launch", {**target, "driver": driver, "entry": entry, "stopOnEntry": True})
+        here = _working_directory()  # the user's paths (a program, --record, save FILE) mean what they mean here
+        self.client.request("launch", {**({"cwd": here} if here else {}), **target, "driver": driver, "entry": entry,
+                                       "stopOnEntry": True})
         self.client.wait_for("initialized")
         self.client.request("configurationDone")
         self._emit(f"launch {target.get('program') or target.get('trace')}", self._stopped(mark))
@@ -131,6 +137,7 @@ class Console(ExperimentCommands):
             event, stop = self.client.wait_for_any(("stopped", "terminated"), after=mark)
         if event == "terminated":
             return self._engine_ended(stop)
+        self.frame = 0  # a stop shows its top frame, as a debugger does
         position = self.client.request("timeline", {"count": 0})["position"]
         frames = self.client.request("stackTrace", {"threadId": 1, "levels": 1})["stackFrames"]
         frame = frames[0] if frames else {"name": "?", "line": 0}
@@ -152,30 +159,54 @@ class Console(ExperimentCommands):
         return self._motion("continue")
 
     def cmd_next(self, args: str) -> Result:
-        return self._motion("next", self._granularity(args))
+        return self._node_forward() if self._granularity(args) == "node" else self._step("next", args)
 
     def cmd_step(self, args: str) -> Result:
-        return self._motion("stepIn", self._granularity(args))
+        return self._node_forward() if self._granularity(args) == "node" else self._step("stepIn", args)
 
     def cmd_finish(self, args: str) -> Result:
         return self._motion("stepOut")
 
     def cmd_back(self, args: str) -> Result:
-        return self._motion("stepBack", self._granularity(args))
+        return self._node_back() if self._granularity(args) == "node" else self._step("stepBack", args)
 
     def cmd_rc(self, args: str) -> Result:
         return self._motion("reverseContinue")
 
+    def _step(self, command: str, args: str) -> Result:
+        granularity = self._granularity(args)
+        return self._motion(command, {"granularity": granularity} if granularity else {})
+
     @staticmethod
-    def _granularity(args: str) -> dict:
-        """`next` moves a source line; `next node` (or `next instruction`) one tick."""
-        if not args:
-            return {}
+    def _granularity(args: str) -> str | None:
+        """A motion's unit: None (a line of source, the default), `node` or `instruction` (one node on the torch
+        driver, one chip instruction on the sim chip)."""
+        if args in ("", "line", "statement"):
+            return None
         if args in ("node", "tick", "instruction"):
-            return {"granularity": "instruction"}
-        if args == "line":
-            return {"granularity": "line"}
-        raise CommandError(f"unknown granularity '{args}' (line, node)")
+            return "instruction" if args == "instruction" else "node"
+        raise CommandError(f"unknown step '{args}' (line, node, instruction)")
+
+    def _node_forward(self) -> Result:
+        """One node on, on any chip: the first of the line's step-in targets, or, on the line's last node, the
+        next line (which begins at the next node)."""
+        targets = self.client.request("stepInTargets", {"frameId": 1})["targets"]
+        if not targets:
+            return self._motion("next")
+        return self._motion("stepIn", {"targetId": targets[0]["id"]})
+
+    def _node_back(self) -> Result:
+        """One node back, on any chip: to where the node before began (on the sim chip, inside a node: to where
+        this one began), by its tick (goto's target ids are tick + 1)."""
+        position = self.client.request("timeline", {"count": 0})["position"]
+        try:
+            inside = self.client.request("units", {})["instruction"]  # steps of the node run so far, on the sim chip
+        except DapError:
+            inside = 0
+        tick = position if inside else position - 1
+        if tick < 0:
+            raise CommandError("at tick 0 already: no node before it")
+        return self._motion("goto", {"targetId": tick + 1})
 
     def cmd_goto(self, args: str) -> Result:
         """goto FILE:LINE [N]: the N-th tick (1-based, default 1) where that line runs."""
@@ -198,18 +229,21 @@ class Console(ExperimentCommands):
 
     # -- breakpoints ---------------------------------------------------------------------------------
     def cmd_break(self, args: str) -> Result:
-        """break FILE:LINE [if COND] | break NODE-OR-OP-OR-MODULE [if COND] | break (list)"""
+        """break FILE:LINE [if COND] | break NODE-OR-OP-OR-MODULE [if COND] | break (list). A module is its path as
+        written from the user's variable (model.layers[1].mlp, layers.1.mlp) or its class (LlamaRMSNorm: each
+        instance); the server resolves it against the Program."""
         if not args:
             text = "\n".join(bp.describe() for bp in self.breakpoints) or "no breakpoints"
             return Result(text, {"breakpoints": [vars(bp) for bp in self.breakpoints]})
         where, _, condition = args.partition(" if ")
         where = where.strip()
-        number = max((bp.number for bp in self.breakpoints), default=0) + 1
+        number = self._numbered + 1  # taken below, once the breakpoint is made
         if ":" in where and where.rsplit(":", 1)[1].isdigit():
             path, line = self._file_line(where)
             bp = ConsoleBreakpoint(number, "line", path, line, condition.strip() or None)
         else:
             bp = ConsoleBreakpoint(number, "function", where, None, condition.strip() or None)
+        self._numbered = number
         self.breakpoints.append(bp)
         self._sync(bp)
         return Result(bp.describe(), vars(bp))
@@ -270,11 +304,11 @@ class Console(ExperimentCommands):
     def cmd_print(self, args: str) -> Result:
         if not args:
             raise CommandError("usage: print EXPR")
-        body = self.client.request("evaluate", {"expression": args, "context": "repl", "frameId": 1})
+        body = self.client.request("evaluate", {"expression": args, "context": "repl", "frameId": self.frame + 1})
         return Result(f"{args} = {body['result']}", dict(body))
 
     def cmd_locals(self, args: str) -> Result:
-        scopes = self.client.request("scopes", {"frameId": 1})["scopes"]
+        scopes = self.client.request("scopes", {"frameId": self.frame + 1})["scopes"]
         scope = next(s for s in scopes if s["name"] == "Locals")
         variables = self.client.request("variables", {"variablesReference": scope["variablesReference"]})["variables"]
         text = "\n".join(f"{v['name']} = {v['value']}" for v in variables) or "no source variables in this frame yet"
@@ -282,14 +316,58 @@ class Console(ExperimentCommands):
 
     def cmd_where(self, args: str) -> Result:
         frames = self.client.request("stackTrace", {"threadId": 1})["stackFrames"]
-        lines = [f"#{i} {f['name']}" + (f"  {Path(f['source']['path']).name}:{f['line']}" if f.get("source") else "")
-                 for i, f in enumerate(frames)]
-        return Result("\n".join(lines), {"frames": frames})
+        lines = [("* " if i == self.frame else "  ") + self._frame_text(i, f) for i, f in enumerate(frames)]
+        return Result("\n".join(lines), {"frames": frames, "selected": self.frame})
+
+    def _frame_text(self, level: int, frame: dict) -> str:
+        """`#1 Block.forward [blocks.0]  gpt.py:54  x = x + self.attn(self.ln1(x))`."""
+        text = f"#{level} {frame['name']}"
+        path = frame.get("source", {}).get("path")
+        if path:
+            text += f"  {Path(path).name}:{frame['line']}  {self._source_line(path, frame['line'])}".rstrip()
+        return text
+
+    def cmd_up(self, args: str) -> Result:
+        """up [N]: N frames out, towards the caller (print, locals, prov and locate then read that frame)."""
+        return self._select(self.frame + self._count("up", args))
+
+    def cmd_down(self, args: str) -> Result:
+        """down [N]: N frames in, towards the node about to run."""
+        return self._select(self.frame - self._count("down", args))
+
+    def cmd_frame(self, args: str) -> Result:
+        """frame [N]: select frame #N of `where` (without N: say which frame is selected)."""
+        if not args:
+            return self._select(self.frame)
+        if not (args.isascii() and args.isdigit()):
+            raise CommandError(f"usage: frame N, a frame number that `where` shows (got '{args}')")
+        return self._select(int(args))
+
+    @staticmethod
+    def _count(command: str, args: str) -> int:
+        if not args:
+            return 1
+        if not (args.isascii() and args.isdigit()) or int(args) == 0:
+            raise CommandError(f"usage: {command} [N], N a number of frames of 1 or more (got '{args}')")
+        return int(args)
+
+    def _select(self, level: int) -> Result:
+        frames = self.client.request("stackTrace", {"threadId": 1})["stackFrames"]
+        if not 0 <= level < len(frames):
+            if level < 0:
+                raise CommandError("already at the innermost frame (#0): `up` goes to its callers")
+            raise CommandError(f"no frame #{level}: the stack has {len(frames)} frame(s), #0 (innermost) to "
+                               f"#{len(frames) - 1} (outermost)")
+        self.frame = level
+        frame = frames[level]
+        path = frame.get("source", {}).get("path")
+        data = {"frame": level, "name": frame["name"], "file": path, "line": frame["line"]}
+        return Result(self._frame_text(level, frame), data)
 
     def cmd_locate(self, args: str) -> Result:
         if not args:
             raise CommandError("usage: locate NAME")
-        placement = self.client.request("locate", {"name": args, "frameId": 1})
+        placement = self.client.request("locate", {"name": args, "frameId": self.frame + 1})
         lines = [f"{args} ({placement['value']}): {s['dtype']}{s['shape']} in {s['space']} of {s['chip']} "
                  f"at 0x{s['address']:x}, {s['nbytes']} bytes, strides {s['strides']}, unit {s['unit']}"
                  for s in placement["shards"]]
@@ -298,7 +376,7 @@ class Console(ExperimentCommands):
     def cmd_prov(self, args: str) -> Result:
         if not args:
             raise CommandError("usage: prov NAME")
-        prov = self.client.request("provenance", {"name": args, "frameId": 1, "maxHistory": 8})
+        prov = self.client.request("provenance", {"name": args, "frameId": self.frame + 1, "maxHistory": 8})
         last = prov["lastWriter"]
         if last is None:
             text = f"{args} ({prov['value']}): a {prov['kind']}, not written before this tick"
@@ -365,12 +443,14 @@ class Console(ExperimentCommands):
         return lines[line - 1].strip() if 0 < line <= len(lines) else ""
 
     def cmd_help(self, args: str) -> Result:
-        text = """break FILE:LINE [if COND] | break NODE|OP|MODULE   set a breakpoint (break: list them)
+        text = """break FILE:LINE [if COND] | break NODE|OP|MODULE|CLASS   set a breakpoint (break: list them)
 condition N [EXPR]      set or clear breakpoint N's condition;  delete N
-continue | next [node] | step | finish        run forward (next: a line; next node: one tick)
-back [node] | rc        step back, reverse-continue
+continue | next [node|instruction] | step [node|instruction] | finish    run forward: a line of source (over
+                        calls; step: into them), one node, or one instruction (a node on torch, a chip's on sim)
+back [node|instruction] | rc        step back (a line, over calls, as gdb), reverse-continue
 goto FILE:LINE [N]      jump to the N-th time that line runs;  restore TICK: a checkpoint
-print EXPR | locals | where     inspect (safe expressions over tensors)
+print EXPR | locals | where     inspect (safe expressions over tensors) in the selected frame
+up [N] | down [N] | frame N     select a frame of `where` (its variables; #0 again after each stop)
 locate NAME | prov NAME         where a value lives, who wrote it
 checkpoints | save FILE [--overwrite] | quit    list checkpoints; save the run as a trace (open it:
                         rewind debug --trace FILE); an existing FILE is replaced only with --overwrite or a yes
@@ -404,6 +484,14 @@ reopen                  after the engine ended while recording (a crash): the re
                 return
             except KeyboardInterrupt:  # Ctrl-C drops the line (a motion has already been paused), as in a shell
                 print(file=self.out)
+
+
+def _working_directory() -> str | None:
+    """Where the user runs the console (None when that folder was removed since)."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
 
 
 def ask_yes_no(question: str) -> bool:

@@ -4,7 +4,8 @@ The front (dap_server/server.py) starts one per session as `python -m dap_server
 over its stdin and stdout with the messages of dap_server/channel.py. Before anything else runs, the
 channel moves to private descriptors: the program's stdin reads nothing, and what the program prints on
 stdout reaches the client as `output` events (the first MAX_PROGRAM_OUTPUT bytes; the rest is dropped and
-counted), so nothing the program does can write into the channel.
+counted), so nothing the program does can write into the channel. The process starts in the front's working
+directory and moves into the one a launch gives (`cwd`, dap_server/paths.py): the program runs there.
 
 The engine ends when the client disconnects or the front closes the pipe. A program that exits, crashes
 or hangs ends only this process: the front notices, answers what was pending and keeps serving.
@@ -21,7 +22,7 @@ import sys
 import threading
 from typing import Callable
 
-from dap_server import channel
+from dap_server import channel, paths
 from dap_server.dispatch import Dispatcher
 
 log = logging.getLogger("dap_server")
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=args.log_level, format="rewind-engine %(levelname)s: %(message)s")
     fd_in, fd_out, output_fd = _private_channel()
+    paths.follow_session_cwd()  # this process is one session's: its program runs in the launch's `cwd`
     dispatcher = asyncio.run(serve(fd_in, fd_out, output_fd))
     # The session closes on its worker (a recording is finished and renamed into place). A worker stuck in the
     # user's code must not keep the process alive: wait a while, then leave without running exit handlers.

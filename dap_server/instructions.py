@@ -2,7 +2,8 @@
 setInstructionBreakpoints, the units' states, and chip memory by physical address.
 
 Threads are the chip's units (`core 12 (gang 1)`): `next`/`stepBack` with granularity `instruction`
-step one instruction of the thread's unit (with `singleThread`, of that unit alone), a unit's stack
+step one instruction of the thread's unit (with `singleThread`, of that unit alone; node by node, `stepIn` to a
+target of `stepInTargets` in dap_server/stepping.py), a unit's stack
 trace starts at its next instruction, and a memoryReference of `0x...` is a physical address
 (readMemory and writeMemory in memory.py hand those here). The `race` and `hang` exception filters
 stop where the driver found them.

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
+from dap_server import paths
 from dap_server.breakpoints import changed_line_breakpoints
 from dap_server.requests import Arguments, StrictArguments, capabilities, capability, request
 from hardware.errors import RewindError
@@ -57,10 +58,11 @@ class CheckpointOptions(StrictArguments):
 # Attributes every VS Code launch configuration may carry; they mean nothing to the adapter.
 _CLIENT_ATTRIBUTES = {"type", "request", "name", "noDebug", "presentation", "preLaunchTask", "postDebugTask",
                       "internalConsoleOptions", "debugServer", "suppressMultipleSessionWarning", "serverReadyAction",
-                      "python", "cwd"}  # the last two: how the Rewind extension starts the adapter
+                      "python"}  # the last one: how the Rewind extension starts the adapter
 
 
 class LaunchArguments(StrictArguments):
+    cwd: str | None = None  # the folder relative paths resolve against (default: the session's; dap_server/paths.py)
     program: str | None = None  # the model file; or `trace` instead
     trace: str | None = None  # open a recorded trace: no device needed (docs/trace-format.md)
     record: str | None = None  # record every step to this trace file while running
@@ -97,14 +99,20 @@ class LaunchArguments(StrictArguments):
             return {k: v for k, v in data.items() if k not in _CLIENT_ATTRIBUTES and not k.startswith("__")}
         return data
 
-    def options(self) -> LaunchOptions:
-        return LaunchOptions(program=self.program or "", trace=self.trace, record=self.record,
+    def options(self, cwd: str) -> LaunchOptions:
+        """The Session's options, every path the client gave resolved against `cwd`."""
+        def path(p: str | None) -> str | None:
+            return paths.absolute(p, cwd)
+
+        reference = self.reference if self.reference is None or self.reference.startswith("torch:") \
+            else path(self.reference)  # a driver (torch:cpu:float64), or a file: a trace or saved values
+        return LaunchOptions(program=path(self.program) or "", trace=path(self.trace), record=path(self.record),
                              overwrite=self.overwrite, entry=self.entry,
                              driver=self.driver, budget_mb=self.checkpoint.budgetMB, every=self.checkpoint.every,
                              host_mb=self.checkpoint.hostMB, disk_mb=self.checkpoint.diskMB,
-                             spill_dir=self.checkpoint.spillDir,
+                             spill_dir=path(self.checkpoint.spillDir),
                              check_batch=self.checkpoint.checkBatch, device_pool=self.checkpoint.devicePool,
-                             stop_on_entry=self.stopOnEntry, reference=self.reference, rtol=self.rtol,
+                             stop_on_entry=self.stopOnEntry, reference=reference, rtol=self.rtol,
                              atol=self.atol, seed=self.seed, schedule=self.schedule, faults=self.faults)
 
 
@@ -114,8 +122,7 @@ def launch(adapter: "RequestContext", args: LaunchArguments) -> dict | None:
     opened (a trace whose recording was cut short: where it ends)."""
     if adapter.launched:
         raise RewindError("a program is already loaded in this session: restart it, or disconnect and launch")
-    with adapter.events.progress(f"Loading {args.source}", cancellable=False):
-        adapter.session.launch(args.options())
+    _load(adapter, args, "launch")
     adapter.launched = True
     changed_line_breakpoints(adapter)
     adapter.emit("initialized", None)
@@ -148,9 +155,16 @@ def restart(adapter: "RequestContext", args: RestartArguments) -> None:
         adapter.require_launched()
         adapter.resume(adapter.session.restart, "Restarting")
         return
-    with adapter.events.progress(f"Loading {args.arguments.source}", cancellable=False):
-        adapter.session.launch(args.arguments.options())
+    _load(adapter, args.arguments, "restart")
     adapter.resume(adapter.session.start, "Running")
+
+
+def _load(adapter: "RequestContext", args: LaunchArguments, command: str) -> None:
+    """Launch the Session in the launch's working directory (`cwd`, or the session's: a relaunch keeps it), with
+    every path the client gave resolved against it."""
+    cwd = paths.checked_cwd(args.cwd, command) if args.cwd is not None else paths.session_cwd(adapter)
+    with adapter.events.progress(f"Loading {args.source}", cancellable=False), paths.Entering(adapter, cwd):
+        adapter.session.launch(args.options(cwd))
 
 
 class TerminateArguments(Arguments):

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from dap_server.events import working
+from dap_server.paths import in_session
 from dap_server.requests import StrictArguments, request
 from provenance.fixes import text_file
 from provenance.inputs import DEFAULT_SCALES, DEFAULT_SEEDS, DEFAULT_SHAPES, InputPlan
@@ -33,7 +34,7 @@ class RepairArguments(StrictArguments):
     seeds: int = Field(DEFAULT_SEEDS, ge=0, le=32)
     scales: list[float] = list(DEFAULT_SCALES)
     shapes: int = Field(DEFAULT_SHAPES, ge=0, le=8)
-    knowledge: str | None = None  # the knowledge base file (default: the user's cache)
+    knowledge: str | None = None  # the knowledge base file (default: the user's cache; relative: from launch's `cwd`)
 
 
 @request("repair")
@@ -41,7 +42,7 @@ def repair(adapter: "RequestContext", args: RepairArguments) -> dict:
     """Run the repair loop on the loaded program; the verdict with its evidence."""
     with working(adapter, "Repairing"):
         limits = RepairLimits(args.maxAttempts, args.timeLimit)
-        loop = RepairLoop(adapter.session, KnowledgeBase(args.knowledge), limits,
+        loop = RepairLoop(adapter.session, KnowledgeBase(_knowledge(adapter, args.knowledge)), limits,
                           InputPlan(args.seeds, tuple(args.scales), args.shapes))
         fixes = [FixText(f.text, text_file(f.text, f.name), f.name) for f in args.fixes]
         return loop.run(fixes, suggest=args.suggest if args.suggest is not None else not fixes)
@@ -57,7 +58,7 @@ def suggest_fixes(adapter: "RequestContext", args: SuggestFixesArguments) -> dic
     """The knowledge base's candidate fixes for this pass's findings, not yet validated (repair validates)."""
     with working(adapter, "Suggesting fixes"):
         session = adapter.session
-        knowledge = KnowledgeBase(args.knowledge)
+        knowledge = KnowledgeBase(_knowledge(adapter, args.knowledge))
         findings = findings_of(investigate(session, ablate=False))
         suggestions = []
         for finding in findings:
@@ -66,3 +67,8 @@ def suggest_fixes(adapter: "RequestContext", args: SuggestFixesArguments) -> dic
                     break
                 suggestions.append({"finding": finding.node.name, **candidate.to_dict(session.program)})
     return {"findings": [f.to_dict() for f in findings], "suggestions": suggestions}
+
+
+def _knowledge(adapter: "RequestContext", path: str | None) -> str | None:
+    """The knowledge base file a request names, from the session's working directory; None: the default one."""
+    return in_session(adapter, path) if path else path

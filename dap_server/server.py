@@ -248,6 +248,7 @@ class Configuration:
         self.initialize: dict | None = None
         self.launch: dict | None = None
         self.breakpoints: dict[Any, dict] = {}
+        self.cwd: str | None = None  # the working directory the client's last launch gave (the engine checks it)
         self._seq = 0
 
     def remember(self, message: dict[str, Any]) -> None:
@@ -256,6 +257,9 @@ class Configuration:
             self.initialize = message
         elif command == "launch":
             self.launch, self.breakpoints = message, {}
+            self.cwd = _cwd_of(arguments)
+        elif command == "restart" and isinstance(arguments, dict):
+            self.cwd = _cwd_of(arguments.get("arguments")) or self.cwd  # a relaunch without `cwd` keeps it
         elif command in _CONFIGURING:
             source = arguments.get("source") if isinstance(arguments, dict) else None
             path = source.get("path") if isinstance(source, dict) else None
@@ -272,6 +276,8 @@ class Configuration:
             launch = arguments.get("arguments") if isinstance(arguments, dict) else None
             if not isinstance(launch, dict):
                 launch = (self.launch or {}).get("arguments") or {}
+            if self.cwd is not None and isinstance(launch, dict) and "cwd" not in launch:
+                launch = {**launch, "cwd": self.cwd}  # relative paths mean what they meant: the session keeps it
             if kept is not None:
                 launch = {**launch, "__restart": {"trace": kept}}
             out.append(_reopening({"seq": 0, "type": "request", "command": "launch", "arguments": launch}))
@@ -281,6 +287,23 @@ class Configuration:
             self._seq -= 1
             numbered.append({**message, "seq": self._seq})
         return numbered
+
+
+def _cwd_of(arguments: Any) -> str | None:
+    """A launch's `cwd`, when it is an absolute path (the engine says what is wrong with any other)."""
+    cwd = arguments.get("cwd") if isinstance(arguments, dict) else None
+    return cwd if isinstance(cwd, str) and "\0" not in cwd and os.path.isabs(cwd) else None
+
+
+def _session_path(path: str, cwd: str | None) -> str | None:
+    """A path a request gave, as the engine takes it: a relative one from the session's working directory (the
+    launch's `cwd`, else the one the engine inherited from this process); None when there is none any more."""
+    if os.path.isabs(path):
+        return path
+    try:
+        return os.path.join(cwd or os.getcwd(), path)
+    except OSError:
+        return None
 
 
 def _reopening(message: dict[str, Any]) -> dict[str, Any]:
@@ -353,7 +376,9 @@ class EngineLink:
         self.pending[seq] = command
         arguments = message.get("arguments")
         if command == "saveTrace" and isinstance(arguments, dict) and isinstance(arguments.get("path"), str):
-            self.saves[seq] = (arguments["path"], time.time())
+            path = _session_path(arguments["path"], self.connection.configuration.cwd)
+            if path is not None:
+                self.saves[seq] = (path, time.time())
         if not answer:
             self.silent.add(seq)
             self.quiet_initialized += command == "launch"

@@ -1,8 +1,12 @@
-"""Moving through time: continue, next, stepIn, stepOut, stepBack, reverseContinue, goto, pause.
+"""Moving through time: continue, next, stepIn (and stepInTargets), stepOut, stepBack, reverseContinue, goto, pause.
 
 Direction is a parameter of the Session's primitives, so reverse is not a parallel code path:
 `stepBack` is `next` with Direction.REVERSE. Each request answers at once; the motion runs on
 the worker afterwards and ends in a `stopped` event.
+
+Granularity, as DAP defines it: omitted is `statement`, which, like `line`, is a line of Python source;
+`instruction` is one node (on a chip whose nodes run as instruction streams, one chip instruction, and
+`stepInTargets` with `stepIn`'s `targetId` move node by node there).
 """
 
 from __future__ import annotations
@@ -42,8 +46,11 @@ def reverse_continue(adapter: "RequestContext", args: ContinueArguments) -> None
 class StepArguments(Arguments):
     threadId: int
     singleThread: bool = False
-    # Omitted means a source line. `statement` and `instruction` move one tick (one node).
-    granularity: Literal["statement", "line", "instruction"] = "line"
+    granularity: Literal["statement", "line", "instruction"] = "statement"  # omitted: statement, as DAP says
+
+
+class StepInArguments(StepArguments):
+    targetId: int | None = None  # an id from stepInTargets: run to the instant before that node of the line
 
 
 def _step(adapter: "RequestContext", args: StepArguments, direction: Direction, kind: str, title: str) -> None:
@@ -58,8 +65,40 @@ def next_(adapter: "RequestContext", args: StepArguments) -> None:
 
 
 @request("stepIn")
-def step_in(adapter: "RequestContext", args: StepArguments) -> None:
-    _step(adapter, args, FORWARD, "in", "Stepping in")
+def step_in(adapter: "RequestContext", args: StepInArguments) -> None:
+    if args.targetId is None:
+        _step(adapter, args, FORWARD, "in", "Stepping in")
+        return
+    thread_unit(adapter, args.threadId)
+    tick = args.targetId - 1
+    if tick not in adapter.session.step_in_targets(None):  # the outermost frame's targets hold every frame's
+        raise RewindError(f"stepIn: target {args.targetId} is not a node still to run on the current line "
+                          "(stepInTargets lists them, anew after every motion)")
+    adapter.resume(lambda: adapter.session.step_into(tick), "Stepping in")
+
+
+class StepInTargetsArguments(Arguments):
+    frameId: int
+
+
+@request("stepInTargets")
+@capability("supportsStepInTargetsRequest")
+def step_in_targets(adapter: "RequestContext", args: StepInTargetsArguments) -> dict:
+    """Each node still to run on the frame's line, in order (at most 1000): `stepIn` with a target's id runs to
+    the instant before that node, so the first target is one node on, on any chip."""
+    adapter.require_launched()
+    level = adapter.frame_level(args.frameId)
+    session = adapter.session
+    ticks = session.step_in_targets(level)
+    line = session.frames()[level].line
+    entries = session.timeline_entries(ticks[0], len(ticks)) if ticks else []
+    targets = []
+    for entry in entries:
+        target = {"id": entry["tick"] + 1, "label": _label(entry)}
+        if line:
+            target["line"] = adapter.client_line(line)
+        targets.append(target)
+    return {"targets": targets}
 
 
 @request("stepOut")
@@ -99,10 +138,14 @@ def goto_targets(adapter: "RequestContext", args: GotoTargetsArguments) -> dict:
     targets = []
     for tick in ticks:
         entry = session.timeline_entries(tick, 1)[0]
-        where = f" in {entry['module']}" if entry["module"] else ""
-        targets.append({"id": tick + 1, "label": f"tick {tick}: {entry['node']} ({entry['op']}){where}",
-                        "line": adapter.client_line(line)})
+        targets.append({"id": tick + 1, "label": _label(entry), "line": adapter.client_line(line)})
     return {"targets": targets}
+
+
+def _label(entry: dict) -> str:
+    """A tick as a target's label: `tick 43: ones_1 (aten.ones.default) in blocks.1.attn`."""
+    where = f" in {entry['module']}" if entry["module"] else ""
+    return f"tick {entry['tick']}: {entry['node']} ({entry['op']}){where}"
 
 
 class GotoArguments(Arguments):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from checkpoint.safe_files import TargetExists
+from dap_server.paths import in_session
 from dap_server.requests import StrictArguments, request
 from hardware.errors import RewindError
 
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 
 
 class SaveTraceArguments(StrictArguments):
-    path: str
+    path: str  # a relative path is taken from the session's working directory (launch's `cwd`)
     overwrite: bool = False  # replace an existing file at `path`
 
 
@@ -28,10 +29,11 @@ def exists_message(command: str, path: str) -> str:
 @request("saveTrace")
 def save_trace(adapter: "RequestContext", args: SaveTraceArguments) -> dict:
     adapter.require_launched()
+    path = in_session(adapter, args.path)
     try:
-        with adapter.events.progress(f"Saving the trace to {args.path}", cancellable=False):
-            return adapter.session.save_trace(args.path, overwrite=args.overwrite)
+        with adapter.events.progress(f"Saving the trace to {path}", cancellable=False):
+            return adapter.session.save_trace(path, overwrite=args.overwrite)
     except TargetExists:
-        raise RewindError(exists_message("saveTrace", args.path)) from None
+        raise RewindError(exists_message("saveTrace", path)) from None
     except RewindError as exc:
         raise RewindError(f"saveTrace: {exc}") from None

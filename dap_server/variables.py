@@ -135,6 +135,7 @@ class Entry:
     name: str  # what the user sees: `scores` or `div`
     value: str  # the Program value
     role: str = ""  # "input", "output" in a node's scope
+    expression: str = ""  # what evaluates to it, when not its name (an argument its frame has since rebound)
 
 
 @dataclass
@@ -144,7 +145,7 @@ class Values:
     entries: list[Entry]
 
     def named(self, adapter: "RequestContext") -> list[dict]:
-        return [value_variable(adapter, e.name, e.value, e.name, e.role) for e in self.entries]
+        return [value_variable(adapter, e.name, e.value, e.expression or e.name, e.role) for e in self.entries]
 
     def indexed_count(self, adapter: "RequestContext") -> int:
         return 0
@@ -306,11 +307,15 @@ def scopes(adapter: "RequestContext", args: ScopesArguments) -> dict:
     session = adapter.session
     program = session.program
     out = []
-    node = session.current_node()
+    node = session.frame_node()  # the node the top frame shows: about to run, or the writer after a write stop
     if level == 0 and node is not None:
         entries = [Entry(n, n, "input") for n in node.input_names()] + [Entry(n, n, "output") for n in node.outputs]
         out.append(_scope(adapter, f"Node {node.name} ({node.op_short})", entries, "arguments"))
-    names = session.source_names(level=level)
+    arguments = session.frame_arguments(level)  # the frame's parameters, as it was called
+    names = session.source_names(level=level)  # its variables now, parameters included, as Python's locals()
+    if arguments:
+        entries = [Entry(k, v, expression="" if names.get(k) == v else v) for k, v in arguments.items()]
+        out.append(_scope(adapter, "Arguments", entries, "arguments"))
     out.append(_scope(adapter, "Locals", [Entry(k, v) for k, v in names.items()], "locals"))
     live = [n for n in session.live_values() if program.values[n].kind not in _PARAMETER_KINDS]
     out.append(_scope(adapter, "Live values", [Entry(n, n) for n in live], None))

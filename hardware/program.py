@@ -6,6 +6,7 @@ torch.export (see frontends/) nor of any chip (see drivers/).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Literal, Mapping
 
@@ -218,14 +219,69 @@ class Program:
         return replace(self, initial={**self.initial, **inputs})
 
     def find_nodes(self, spec: str) -> list[int]:
-        """Nodes named `spec`, of op `spec` (aten.softmax or aten.softmax.int), or inside module path `spec`."""
+        """Nodes named `spec`, of op `spec` (aten.softmax or aten.softmax.int), or inside the module `spec` names
+        (see module_instance)."""
         hits = []
         for node in self.nodes:
-            if spec in (node.name, node.op, node.op_short) or _in_module(node, spec):
+            if spec in (node.name, node.op, node.op_short) or self.module_instance(node, spec) is not None:
                 hits.append(node.index)
         return hits
 
+    def module_instance(self, node: Node, spec: str) -> str | None:
+        """The path of the module named by `spec` that `node` runs inside; None when it runs in none. `spec` is a
+        module path as the Program has it (`layers.1.mlp`, or `layers` for all of them), as the user writes it from
+        their own variable (`model.layers.1.mlp`, `model.layers[1].mlp`), or a module class (`LlamaRMSNorm`, or
+        its qualified name): each instance of the class is a module of its own."""
+        kind, key = self._module_spec(spec)
+        if kind == "path":
+            path = node.module_path
+            return key if path == key or path.startswith(key + ".") else None
+        if kind == "class":
+            for path, cls in node.module_stack:
+                if cls == key or cls.rsplit(".", 1)[-1] == key:
+                    return path
+        return None
 
-def _in_module(node: Node, path: str) -> bool:
-    mp = node.module_path
-    return bool(path) and (mp == path or mp.startswith(path + "."))
+    def module_names(self) -> tuple[list[str], list[str]]:
+        """The module paths and the module classes (short names) of the Program, in the order nodes meet them."""
+        paths = dict.fromkeys(p for n in self.nodes for p, _ in n.module_stack if p)
+        classes = dict.fromkeys(c.rsplit(".", 1)[-1] for n in self.nodes for _, c in n.module_stack)
+        return list(paths), list(classes)
+
+    def _module_spec(self, spec: str) -> tuple[str, str]:
+        """("path", the Program's path), ("class", the name) or ("none", "") for what `spec` names; found once."""
+        cache = self.__dict__.setdefault("_module_specs", {})
+        found = cache.get(spec)
+        if found is None:
+            found = cache[spec] = self._resolve_module_spec(spec)
+        return found
+
+    def _resolve_module_spec(self, spec: str) -> tuple[str, str]:
+        prefixes = self.__dict__.get("_module_prefixes")
+        if prefixes is None:
+            prefixes = set()
+            for node in self.nodes:
+                parts = node.module_path.split(".") if node.module_path else []
+                prefixes.update(".".join(parts[: i + 1]) for i in range(len(parts)))
+            self.__dict__["_module_prefixes"] = prefixes
+        text = module_path_text(spec)
+        if text in prefixes:
+            return "path", text
+        if any(spec in (n.name, n.op, n.op_short) for n in self.nodes):
+            return "none", ""  # a node or an op (aten.softmax), not a module written some other way
+        if text and any(c == text or c.rsplit(".", 1)[-1] == text for n in self.nodes for _, c in n.module_stack):
+            return "class", text
+        _, _, rest = text.partition(".")  # written from the user's variable: model.layers.1 for layers.1
+        if rest in prefixes:
+            return "path", rest
+        # The end of one path only: layers.1.mlp (or model.layers.1.mlp) for model.model.layers.1.mlp.
+        for candidate in [text] + ([rest] if rest[:1].isalpha() else []):
+            ends = [p for p in prefixes if candidate and p.endswith("." + candidate)]
+            if len(ends) == 1:
+                return "path", ends[0]
+        return "none", ""
+
+
+def module_path_text(spec: str) -> str:
+    """A module path as typed, in the Program's spelling: `model.layers[1].mlp` is `model.layers.1.mlp`."""
+    return re.sub(r"\[\s*(\d+)\s*\]", r".\1", spec.strip())

@@ -29,3 +29,5 @@ class Stop:
     exception: ExceptionDetails | None = None
     instruction: int | None = None  # steps of the node at `tick` that have run (instruction granularity)
     unit: int | None = None  # the unit the stop is about (a race's second access, a hung unit)
+    depth: int | None = None  # source frames the stop shows, outermost first (a step that stops on a call line in
+    # a caller, before the call's first node runs); None: every frame of the node at `tick`

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 
@@ -47,9 +48,15 @@ def add_pass_arguments(parser: argparse.ArgumentParser) -> None:
 def launch(args: argparse.Namespace) -> Session:
     """A Session with the model's pass loaded as the arguments say."""
     session = Session()
-    session.launch(LaunchOptions(args.model, entry=args.entry, driver=args.driver, budget_mb=args.budget_mb,
-                                 reference=args.reference, rtol=args.rtol, atol=args.atol))
+    reference = args.reference if args.reference.startswith("torch:") else absolute(args.reference)  # or a file
+    session.launch(LaunchOptions(absolute(args.model), entry=args.entry, driver=args.driver, budget_mb=args.budget_mb,
+                                 reference=reference, rtol=args.rtol, atol=args.atol))
     return session
+
+
+def absolute(path: str) -> str:
+    """A path the user gave, from the folder the command runs in: the report names the file it used."""
+    return os.path.abspath(path) if path else path
 
 
 def run(args: argparse.Namespace) -> int:

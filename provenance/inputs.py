@@ -118,8 +118,11 @@ def _shape_sets(program: Program, example: dict[str, torch.Tensor], wanted: int,
         grown = {n: t.repeat(*[2 if s == size else 1 for s in t.shape]) for n, t in example.items()}
         shapes = ", ".join(f"{n}{list(t.shape)}" for n, t in grown.items())
         try:
-            module, _ = load_module(model, entry)
-            other = export_program(module, tuple(grown.values()), program.name)
+            module, given = load_module(model, entry)
+            # keyword inputs stay keywords (with what was fixed at export, a flag or a number, as given)
+            inputs = ({k: grown.get(k, v) for k, v in given.items()} if isinstance(given, dict)
+                      else tuple(grown.values()))
+            other = export_program(module, inputs, program.name)
         except RewindError as exc:
             skipped.append(f"shapes {shapes}: the program does not export for them ({str(exc).splitlines()[0]})")
             continue

@@ -16,7 +16,7 @@ import warnings
 from pathlib import Path
 
 from hardware.errors import RewindError
-from provenance.forensics_cli import EXIT_CLEAN, EXIT_ERROR, EXIT_PROBLEM, add_pass_arguments, launch
+from provenance.forensics_cli import EXIT_CLEAN, EXIT_ERROR, EXIT_PROBLEM, absolute, add_pass_arguments, launch
 from provenance.inputs import DEFAULT_SCALES, DEFAULT_SEEDS, DEFAULT_SHAPES, InputPlan
 from provenance.knowledge import KnowledgeBase
 from provenance.repair import DEFAULT_ATTEMPTS, DEFAULT_SECONDS, FixText, RepairLimits, RepairLoop
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)
     try:
         fixes = [FixText(Path(f).read_text(), str(Path(f).resolve())) for f in _existing(args.fix)]
-        loop = RepairLoop(launch(args), KnowledgeBase(args.knowledge),
+        loop = RepairLoop(launch(args), KnowledgeBase(absolute(args.knowledge) if args.knowledge else None),
                           RepairLimits(args.max_attempts, args.time_limit),
                           InputPlan(args.seeds, tuple(args.scales), args.shapes))
         report = loop.run(fixes, suggest=args.suggest or not fixes)

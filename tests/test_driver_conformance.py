@@ -49,7 +49,7 @@ def test_stepping_back_restores_every_live_value_bit_for_bit(driver):
     for position in sorted(seen, reverse=True):
         session.goto(position + 1) if position < tl.end else None
         if position < tl.end:
-            session.step(Direction.REVERSE, "statement")
+            session.step(Direction.REVERSE, "instruction")
         assert tl.position == position
         assert set(tl.live()) == set(seen[position])
         for name, tensor in seen[position].items():

@@ -145,4 +145,4 @@ def test_session_interrupt_stops_the_running_evaluation_and_leaves_motions_alone
     assert float(session.evaluate("x.sum() * 0")) == 0.0  # the next evaluation runs
     session.interrupt()  # between evaluations: no effect on the next one, nor on a motion
     assert float(session.evaluate("x.sum() * 0")) == 0.0
-    assert session.step(granularity="statement").reason == "step" and session.position == 1
+    assert session.step(granularity="instruction").reason == "step" and session.position == 1

@@ -172,7 +172,7 @@ def test_step_back_restores_every_live_tensor_bit_for_bit(data):
     for tick in ticks:
         session.goto(tick)
         for direction, position in ((Direction.REVERSE, tick - 1), (Direction.FORWARD, tick)):  # a round trip
-            session.step(direction, "statement")
+            session.step(direction, "instruction")
             assert tl.position == position
             live = tl.live()
             assert set(live) == set(expected[position])
@@ -322,7 +322,7 @@ def test_end_of_program_keeps_the_session_and_allows_going_back():
     stop = session.start()
     assert stop.reason == "end" and stop.tick == session.end
     assert session.run().reason == "end"
-    stop = session.step(Direction.REVERSE, "statement")
+    stop = session.step(Direction.REVERSE, "instruction")
     assert stop.tick == session.end - 1 and session.current_node().name == "linear_2"
 
 
@@ -345,7 +345,7 @@ def test_kv_cache_step_back_restores_the_buffer_pre_image():
     assert torch.equal(tl.physical["b_k_cache"], after)
     assert tl.log.last_writer(value="b_k_cache", before=tl.position).tick == rec.tick
     assert (session.who_wrote(inside).tick, session.who_wrote(inside).kind) == (rec.tick, "buffer write")
-    session.step(Direction.REVERSE, "statement")  # back past the write
+    session.step(Direction.REVERSE, "instruction")  # back past the write
     assert tl.position == rec.tick
     assert torch.equal(tl.physical["b_k_cache"], before)
     assert tl.log.last_writer(value="b_k_cache", before=tl.position) is None  # no write of it before this tick
@@ -400,10 +400,10 @@ def test_edit_is_a_step_undone_by_stepping_back():
     assert tick == 2 and tl.position == 3
     edited = session.tensor("relu").clone()
     assert edited[0, 1].item() == 123.0
-    stop = session.step(Direction.REVERSE, "statement")  # back over the edit: one step
+    stop = session.step(Direction.REVERSE, "instruction")  # back over the edit: one step
     assert (stop.reason, stop.tick, tl.position) == ("step", 2, 2)
     assert session.tensor("relu").numpy().tobytes() == before  # the pre-edit bytes, every one
-    stop = session.step(Direction.FORWARD, "statement")  # and forward again: the edit is done again
+    stop = session.step(Direction.FORWARD, "instruction")  # and forward again: the edit is done again
     assert (stop.tick, tl.position) == (3, 3)
     assert torch.equal(session.tensor("relu"), edited)
     session.goto(tl.end)

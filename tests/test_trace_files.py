@@ -115,7 +115,7 @@ def test_continuous_recording_survives_a_killed_server(tmp_path):
         "from hardware.session import Session, LaunchOptions, Direction\n"
         "s = Session(); s.launch(LaunchOptions({model!r}, driver='torch:cpu', record={path!r}))\n"
         "for i in range(10**6):\n"
-        "    s.step(Direction.FORWARD, 'statement')\n"
+        "    s.step(Direction.FORWARD, 'instruction')\n"
         "    if i == 10: print('stepped', flush=True)\n"
         "    time.sleep(0.02)\n"
     ).format(root=str(ROOT), model=str(MODELS / "slow_mlp.py"), path=str(path))
@@ -139,7 +139,7 @@ def test_continuous_recording_survives_a_killed_server(tmp_path):
     for name in session.live_values():
         assert torch.equal(session.tensor(name), live.tensor(name))
     with pytest.raises(RewindError, match="needs the device"):
-        session.step(Direction.FORWARD, "statement")
+        session.step(Direction.FORWARD, "instruction")
         session.tensor(session.tl.node_at(ran).outputs[0])
 
 

@@ -121,7 +121,7 @@ def assert_refused_or_usable(path: Path, forensics: bool = False) -> Session | N
         assert str(path) in str(exc), f"the refusal does not name the file: {exc}"
         assert_clear(str(exc))
         return None
-    motions = [session.start, session.run, lambda: session.step(Direction.REVERSE, "statement"),
+    motions = [session.start, session.run, lambda: session.step(Direction.REVERSE, "instruction"),
                lambda: session.goto(0), lambda: session.goto(session.tl.frontier // 2),
                lambda: session.step(Direction.FORWARD, "line"), lambda: session.run(Direction.REVERSE),
                lambda: session.goto(session.tl.frontier), lambda: session.goto(session.end)]

@@ -1,40 +1,61 @@
 """Turn a user's PyTorch file into a Program with torch.export.
 
-The file defines a callable (default `build`) returning `(nn.Module, tuple_of_inputs)`.
-Each node keeps the innermost user-code frame of its stack trace (torch's own files are
-skipped) and its module stack (`blocks.2.attn`).
+The file defines a callable (default `build`) returning `(nn.Module, inputs)`: the inputs a tuple of
+positional arguments (or one tensor), or a dict of keyword arguments (`{"input_ids": ..., "attention_mask":
+...}`), so a Hugging Face model is debugged as it is, with no wrapper. Program inputs are named by the forward's
+parameters or the keywords given; outputs returned by name (a `ModelOutput`'s `logits`, a dict's keys) are
+named so. Each node keeps the user-code frames of its stack trace (torch's own package and the standard library
+are skipped; libraries such as transformers are the user's code too) and its module stack (`blocks.2.attn`).
+An export that fails for a known cause says what to change.
 """
 
 from __future__ import annotations
 
+import enum
 import importlib.util
+import inspect
+import io
+import keyword
+import linecache
+import logging
 import operator
 import os
 import re
 import sys
 import sysconfig
+import tokenize
+import traceback
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Union
 
 import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind, OutputKind
+from torch.export._tree_utils import reorder_kwargs
+from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+from torch.utils import _pytree as pytree
 
 from hardware.errors import ProgramLoadError, echo, os_reason, raised_in_user_code
 from hardware.program import Frame, Node, Program, Ref, SourceLoc, ValueInfo
 
 _FRAME_RE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>[^\s]+)')
-_SKIPPED_ROOTS = tuple(
-    os.path.realpath(p)
-    for p in {os.path.dirname(torch.__file__), sysconfig.get_paths()["stdlib"]}
-)
+# Frames skipped as not the user's: torch's own package folder, and the standard library (but not the libraries
+# installed inside its folder, as an interpreter outside a virtual environment keeps its site-packages).
+_TORCH_ROOT = os.path.realpath(os.path.dirname(torch.__file__))
+_STDLIB_ROOT = os.path.realpath(sysconfig.get_paths()["stdlib"])
+_LIBRARY_FOLDERS = ("site-packages", "dist-packages")
+_THIS_FILE = os.path.realpath(__file__)
+# What an input may hold: tensors are the Program's inputs; the rest are fixed at export (as torch.export takes them).
+_FIXED_INPUT_TYPES = (bool, int, float, str, type(None), enum.Enum, torch.nn.Module, torch.ScriptObject)
+Inputs = Union[tuple, dict]  # positional inputs, or keyword inputs by name
 # Ops that check metadata and produce nothing a user debugs.
 _DROPPED_OPS = ("aten._assert_tensor_metadata", "aten._assert_async", "aten.sym_constrain_range")
 
 
-def load_module(path: str | os.PathLike, entry: str = "build") -> tuple[torch.nn.Module, tuple]:
-    """Import the user's file and call its entry; every failure names its cause."""
+def load_module(path: str | os.PathLike, entry: str = "build") -> tuple[torch.nn.Module, Inputs]:
+    """Import the user's file and call its entry; every failure names its cause. The inputs come back as a tuple
+    (positional) or a dict (keyword inputs by name)."""
     file = Path(path)
     try:
         found = file.is_file()
@@ -62,15 +83,22 @@ def load_module(path: str | os.PathLike, entry: str = "build") -> tuple[torch.nn
             raise ProgramLoadError(f"calling {entry}() in {file} failed: {raised_in_user_code(exc, file)}") from exc
     if not (isinstance(result, tuple) and len(result) == 2):
         raise ProgramLoadError(
-            f"{entry}() in {file} must return (torch.nn.Module, tuple_of_inputs), got {type(result).__name__}"
+            f"{entry}() in {file} must return (torch.nn.Module, tuple_of_inputs) or (torch.nn.Module, "
+            f"dict_of_keyword_inputs), got {type(result).__name__}"
         )
     model, inputs = result
     if not isinstance(model, torch.nn.Module):
         raise ProgramLoadError(f"{entry}() in {file} returned {type(model).__name__} where a torch.nn.Module belongs")
     if isinstance(inputs, torch.Tensor):
         inputs = (inputs,)
-    if not isinstance(inputs, tuple):
-        raise ProgramLoadError(f"{entry}() in {file} returned inputs of type {type(inputs).__name__}; a tuple belongs")
+    if isinstance(inputs, dict):
+        odd = [k for k in inputs if not (isinstance(k, str) and k.isidentifier())]
+        if odd:
+            raise ProgramLoadError(f"{entry}() in {file} returned a dict of inputs with the key {echo(repr(odd[0]))}; "
+                                   "its keys are the forward's keyword names, such as 'input_ids'")
+    elif not isinstance(inputs, tuple):
+        raise ProgramLoadError(f"{entry}() in {file} returned inputs of type {type(inputs).__name__}; a tuple belongs "
+                               "(positional inputs), or a dict of keyword inputs such as {'input_ids': ...}")
     return model, inputs
 
 
@@ -111,19 +139,23 @@ def _imported_from(name: str, module: Any) -> str | None:
     return folder
 
 
-def export_program(model: torch.nn.Module, inputs: tuple, name: str = "program") -> Program:
+def export_program(model: torch.nn.Module, inputs: Inputs, name: str = "program") -> Program:
+    """The Program of `model` on `inputs` (a tuple of positional inputs or a dict of keyword inputs)."""
     model = model.eval()
+    args, kwargs = (tuple(inputs), {}) if not isinstance(inputs, dict) else ((), dict(inputs))
+    _check_input_types(model, args, kwargs)
     try:
-        with torch.no_grad():
-            # An empty decomposition table functionalises (in-place writes to buffers become buffer
-            # mutation outputs) while keeping the ops users wrote: aten.linear, aten.layer_norm, ...
-            exported = torch.export.export(model, inputs).run_decompositions({})
+        with torch.no_grad(), _quiet_export() as failure:
+            try:
+                # An empty decomposition table functionalises (in-place writes to buffers become buffer
+                # mutation outputs) while keeping the ops users wrote: aten.linear, aten.layer_norm, ...
+                exported = torch.export.export(model, args, kwargs).run_decompositions({})
+            except Exception as exc:
+                failure.append(exc)
+                raise
     except Exception as exc:
-        first = str(exc).strip().splitlines()
-        raise ProgramLoadError(
-            f"torch.export failed for {name}: {first[0] if first else 'no reason given'}\n{exc}"
-        ) from exc
-    return program_from_export(exported, inputs, name, model)
+        raise ProgramLoadError(f"torch.export failed for {name}: {_export_failure(exc, model)}") from exc
+    return program_from_export(exported, _tensor_inputs(exported, args, kwargs), name, model)
 
 
 def load_program(path: str | os.PathLike, entry: str = "build") -> Program:
@@ -132,6 +164,8 @@ def load_program(path: str | os.PathLike, entry: str = "build") -> Program:
 
 
 def program_from_export(ep: ExportedProgram, inputs: tuple, name: str, model: torch.nn.Module) -> Program:
+    """`inputs`: the tensors among the user's inputs, in the exported order (numbers, strings and None given as
+    inputs were fixed at export and are no values of the Program)."""
     sig = ep.graph_signature
     state = dict(ep.state_dict)
     state.update(ep.constants)
@@ -145,6 +179,8 @@ def program_from_export(ep: ExportedProgram, inputs: tuple, name: str, model: to
         InputKind.USER_INPUT: "input",
     }
     for spec in sig.input_specs:
+        if spec.kind == InputKind.USER_INPUT and isinstance(spec.arg, ConstantArgument):
+            continue  # a number, string or None: part of the graph now
         kind = kinds.get(spec.kind)
         if kind is None:
             raise ProgramLoadError(f"unsupported exported input kind {spec.kind} for '{spec.arg.name}'")
@@ -158,6 +194,7 @@ def program_from_export(ep: ExportedProgram, inputs: tuple, name: str, model: to
     nodes: list[Node] = []
     getitem_of: dict[str, list] = {}
     fx_nodes = [n for n in ep.graph.nodes if n.op == "call_function"]
+    rename = _named_outputs(ep, {n.name for n in fx_nodes}, {n.name for n in ep.graph.nodes})
     for fx in fx_nodes:
         if fx.target is operator.getitem:
             continue
@@ -167,7 +204,7 @@ def program_from_export(ep: ExportedProgram, inputs: tuple, name: str, model: to
         if isinstance(fx.target, torch._ops.OpOverload) and fx.target._schema.is_mutable:
             raise ProgramLoadError(f"node '{fx.name}' runs the in-place op {op}, which export did not functionalise")
         index = len(nodes)
-        outputs = _output_names(fx)
+        outputs = [rename.get(o, o) if o is not None else None for o in _output_names(fx)]
         getitem_of[fx.name] = outputs
         frames = _user_frames(fx.meta.get("stack_trace") or "", fx.meta.get("nn_module_stack") or {})
         node = Node(
@@ -175,8 +212,8 @@ def program_from_export(ep: ExportedProgram, inputs: tuple, name: str, model: to
             name=fx.name,
             op=op,
             target=fx.target,
-            args=_convert_args(fx.args, getitem_of),
-            kwargs=_convert_args(dict(fx.kwargs), getitem_of),
+            args=_convert_args(fx.args, getitem_of, rename),
+            kwargs=_convert_args(dict(fx.kwargs), getitem_of, rename),
             outputs=[o for o in outputs if o is not None],
             output_indices=tuple(i for i, o in enumerate(outputs) if o is not None),
             loc=frames[-1].loc if frames else None,
@@ -196,7 +233,7 @@ def program_from_export(ep: ExportedProgram, inputs: tuple, name: str, model: to
             values[out] = ValueInfo(out, "intermediate", _dtype(meta.dtype), tuple(int(s) for s in meta.shape),
                                     producer=index, output_index=i)
 
-    outputs = [s.arg.name for s in sig.output_specs if s.kind == OutputKind.USER_OUTPUT]
+    outputs = [rename.get(s.arg.name, s.arg.name) for s in sig.output_specs if s.kind == OutputKind.USER_OUTPUT]
     mutations = {s.arg.name: _placeholder_for(sig, s.target) for s in sig.output_specs
                  if s.kind == OutputKind.BUFFER_MUTATION}
     for out in outputs + list(mutations):
@@ -237,23 +274,36 @@ def _output_names(fx) -> list:
     return names
 
 
-def _convert_args(obj: Any, getitem_of: dict[str, list]) -> Any:
+def _convert_args(obj: Any, getitem_of: dict[str, list], rename: dict[str, str]) -> Any:
     if isinstance(obj, torch.fx.Node):
         if obj.target is operator.getitem:
             return Ref(getitem_of[obj.args[0].name][obj.args[1]])
-        return Ref(obj.name)
+        return Ref(rename.get(obj.name, obj.name))
     if isinstance(obj, tuple):
-        return tuple(_convert_args(o, getitem_of) for o in obj)
+        return tuple(_convert_args(o, getitem_of, rename) for o in obj)
     if isinstance(obj, list):
-        return [_convert_args(o, getitem_of) for o in obj]
+        return [_convert_args(o, getitem_of, rename) for o in obj]
     if isinstance(obj, dict):
-        return {k: _convert_args(v, getitem_of) for k, v in obj.items()}
+        return {k: _convert_args(v, getitem_of, rename) for k, v in obj.items()}
     return obj
 
 
+def _inside(path: str, folder: str) -> bool:
+    """Is `path` the folder or inside it? (Not merely named with it as a prefix: torchvision is not torch.)"""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
 def _is_user_file(path: str) -> bool:
+    """Code the user debugs: their own files and any library's (transformers, torchvision, ...), not torch's own
+    package nor the standard library."""
+    if path.startswith("<"):
+        return False
     real = os.path.realpath(path)
-    return not real.startswith(_SKIPPED_ROOTS) and not path.startswith("<")
+    if _inside(real, _TORCH_ROOT):
+        return False
+    if _inside(real, _STDLIB_ROOT):
+        return os.path.relpath(real, _STDLIB_ROOT).split(os.sep, 1)[0] in _LIBRARY_FOLDERS
+    return True
 
 
 def _user_frames(stack_trace: str, module_stack: dict) -> list[Frame]:
@@ -269,3 +319,195 @@ def _user_frames(stack_trace: str, module_stack: dict) -> list[Frame]:
             current = modules.pop(0)
         frames.append(Frame(SourceLoc(os.path.realpath(file), line, func), current[0], current[1]))
     return frames
+
+
+# -- inputs and outputs as the user gave and named them ---------------------------------------------------------
+
+def _input_labels(model: torch.nn.Module, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
+    """Each top-level input with the name the user knows it by: its keyword, or the forward's parameter."""
+    try:
+        params = [p.name for p in inspect.signature(model.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):  # a forward without a signature Python can read
+        params = []
+    ordinal = ("first", "second", "third", "fourth", "fifth")
+    labels = []
+    for i, value in enumerate(args):
+        nth = ordinal[i] if i < len(ordinal) else f"#{i + 1}"
+        labels.append((f"'{params[i]}' (the {nth} positional input)" if i < len(params) else
+                       f"the {nth} positional input", value))
+    labels += [(f"'{k}'", v) for k, v in kwargs.items()]
+    return labels
+
+
+def _check_input_types(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    """Refuse, naming the input, what torch.export cannot take (a numpy array, an image, a custom object)."""
+    for label, value in _input_labels(model, args, kwargs):
+        for path, leaf in pytree.tree_flatten_with_path(value)[0]:
+            if isinstance(leaf, (torch.Tensor, *_FIXED_INPUT_TYPES)):
+                continue
+            kind = type(leaf)
+            where = f" at {pytree.keystr(path)}" if path else ""
+            tip = " (torch.from_numpy(...) makes it a tensor)" if kind.__module__.split(".")[0] == "numpy" else ""
+            raise ProgramLoadError(
+                f"input {label}{where} is a {kind.__module__}.{kind.__qualname__}{tip}, which torch.export cannot "
+                "take: an input is a tensor, or a tuple, list or dict of tensors; numbers, booleans, strings and "
+                "None are accepted too (fixed at export)")
+
+
+def _tensor_inputs(ep: ExportedProgram, args: tuple, kwargs: dict) -> tuple:
+    """The tensors among the inputs, in the order of the exported program's user inputs."""
+    in_spec = ep.call_spec.in_spec
+    if kwargs and in_spec is not None:
+        kwargs = reorder_kwargs(kwargs, in_spec)
+    return tuple(t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
+
+
+def _named_outputs(ep: ExportedProgram, produced: set[str], taken: set[str]) -> dict[str, str]:
+    """Graph output name -> the name the model returned it by (`logits` of a ModelOutput, a dict's key,
+    `past_key_values_0_key`); outputs returned by position keep the graph's names."""
+    spec = ep.call_spec.out_spec
+    names = [s.arg.name for s in ep.graph_signature.output_specs if s.kind == OutputKind.USER_OUTPUT]
+    if spec is None or spec.num_leaves != len(names):
+        return {}
+    markers = [torch.empty(0) for _ in names]  # one distinct object per output, to find it again by identity
+    try:
+        rebuilt = pytree.tree_unflatten(markers, spec)
+        paths = pytree.tree_flatten_with_path(rebuilt)[0]
+    except Exception:  # a returned type that cannot be rebuilt from placeholders: keep the graph's names
+        return {}
+    index = {id(m): i for i, m in enumerate(markers)}
+    rename: dict[str, str] = {}
+    taken = set(taken)
+    for path, leaf in paths:
+        i = index.get(id(leaf))
+        if i is None:
+            continue
+        parts = [_key_name(k) for k in path]
+        if not any(isinstance(p, str) for p in parts):
+            continue
+        new = "_".join(str(p) for p in parts)
+        old = names[i]
+        if (old in produced and old not in rename and new.isidentifier() and not keyword.iskeyword(new)
+                and not new.startswith("_") and new not in taken):
+            rename[old] = new
+            taken.add(new)
+    return rename
+
+
+def _key_name(key: Any) -> str | int:
+    if isinstance(key, pytree.MappingKey):
+        return key.key if isinstance(key.key, (str, int)) else str(key.key)
+    if isinstance(key, pytree.GetAttrKey):
+        return key.name
+    if isinstance(key, pytree.SequenceKey):
+        return key.idx
+    return re.sub(r"\W", "", str(key)) or "x"
+
+
+# -- export failures with a known cause, in the user's terms ------------------------------------------------------
+
+class _HeldRecords(logging.Filter):
+    """Holds a logger's records back (to pass them on later, or not)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.records.append(record)
+        return False
+
+
+@contextmanager
+def _quiet_export() -> Iterator[list]:
+    """torch reports a failing export on its own (the partial graph printed to stderr twice, a data-dependent guard
+    logged), and the error Rewind raises says why, once. So what export writes to stderr and what torch's shape
+    logger logs is held back: afterwards stderr is written out without the partial graph, and the log records are
+    passed on only when the export succeeded. The list it yields takes the failure, if any."""
+    logger = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    records, saved, held = _HeldRecords(), sys.stderr, io.StringIO()
+    failure: list = []
+    logger.addFilter(records)
+    sys.stderr = held
+    try:
+        yield failure
+    finally:
+        sys.stderr = saved
+        logger.removeFilter(records)
+        text = held.getvalue()
+        graph = getattr(failure[0], "partial_fx_graph", None) if failure else None
+        if graph is not None and str(graph).strip():
+            text = text.replace(str(graph) + "\n", "").replace(str(graph), "")
+        if text.strip():
+            saved.write(text)
+        if not failure:
+            for record in records.records:
+                logger.handle(record)
+
+
+def _export_failure(exc: BaseException, model: torch.nn.Module) -> str:
+    """Why torch.export refused the model and what to change, for the causes users meet; else torch's words."""
+    text = str(exc).strip()
+    found = re.search(r"Found <class '([\w.]+)'> in output", text)
+    if found:
+        cls = found[1].rsplit(".", 1)[-1]
+        config = getattr(model, "config", None)
+        if "cache" in cls.lower() and hasattr(config, "use_cache"):
+            return (f"the model returns a {cls} (its key/value cache for generation), which is not a tensor: "
+                    f"set use_cache=False in its config (model.config.use_cache = False, or "
+                    f"{type(config).__name__}(..., use_cache=False)), or pass use_cache=False among the inputs")
+        if "cache" in cls.lower():
+            return (f"the model returns a {cls} (a cache), which is not a tensor: return the cache's tensors, or "
+                    "leave the cache out of the outputs")
+        return (f"the model returns a {cls}, which is not a tensor: return tensors, or tuples, lists, dicts or "
+                "dataclasses of them")
+    if _data_dependent(exc) or "data-dependent" in text:
+        where = _user_line(exc, text)
+        return (f"{where}decides on a tensor's values (data-dependent control flow), which torch.export cannot "
+                "trace: compute both branches and pick with torch.where, or use torch.cond, or decide on a static "
+                "shape or a Python value instead")
+    unsupported = re.search(r"Unsupported input type <class '([\w.]+)'>", text)
+    if unsupported:
+        return (f"an input is a {unsupported[1]}, which torch.export cannot take: an input is a tensor, or a tuple, "
+                "list or dict of tensors; numbers, booleans, strings and None are accepted too (fixed at export)")
+    return text or "no reason given"
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _data_dependent(exc: BaseException) -> bool:
+    return any(isinstance(e, GuardOnDataDependentSymNode) for e in _causes(exc))
+
+
+def _user_line(exc: BaseException, text: str) -> str:
+    """`model.py:8 \\`if x.sum() > 0:\\` `: the line of the user's code (or a library's) that raised, if known."""
+    for e in _causes(exc):
+        frames = [f for f in traceback.extract_tb(e.__traceback__)
+                  if _is_user_file(f.filename) and os.path.realpath(f.filename) != _THIS_FILE]
+        if frames:
+            file, line = frames[-1].filename, frames[-1].lineno or 0
+            code = _without_comment(frames[-1].line or linecache.getline(file, line))
+            return f"{os.path.basename(file)}:{line} `{code}` " if code else f"{os.path.basename(file)}:{line} "
+    found = re.search(r'File "([^"]+)", line (\d+), in \S+\n\s*(.*)', text)
+    if found:
+        return f"{os.path.basename(found[1])}:{found[2]} `{_without_comment(found[3])}` "
+    return "the model "
+
+
+def _without_comment(line: str) -> str:
+    """A line of source as code: `if x.sum() > 0:` of `if x.sum() > 0:  # why`."""
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(line.strip() + "\n").readline):
+            if token.type == tokenize.COMMENT:
+                return line.strip()[: token.start[1]].rstrip()
+    except (tokenize.TokenError, SyntaxError):  # a line that is not whole code on its own (an open bracket)
+        pass
+    return line.strip()

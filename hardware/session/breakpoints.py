@@ -14,6 +14,7 @@ Program when set, and asked at each position a motion passes (hardware/session/m
 from __future__ import annotations
 
 import ast
+import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,10 +22,10 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
-from hardware.errors import ExpressionError
+from hardware.errors import ExpressionError, echo
 from hardware.events import Output
 from hardware.expressions import compile_expression, evaluate, truth
-from hardware.program import Frame, Program
+from hardware.program import Frame, Program, module_path_text
 from hardware.session.state import SessionState
 from hardware.source_names import parse_source
 from hardware.ticks import Direction, Stop
@@ -69,7 +70,8 @@ class LineSpec:
 
 @dataclass(frozen=True)
 class FunctionSpec:
-    """A breakpoint on a node name (`softmax_1`), an op (`aten.softmax`) or a module path (`blocks.2.attn`)."""
+    """A breakpoint on a node name (`softmax_1`), an op (`aten.softmax`), a module path (`blocks.2.attn`, or as
+    written from the user's variable: `model.layers.1.mlp`) or a module class (`LlamaRMSNorm`: each instance)."""
 
     name: str
     condition: str | None = None
@@ -166,22 +168,42 @@ def line_positions(program: Program, node_at: Callable[[int], object], end: int,
 
 
 def function_positions(program: Program, node_at: Callable[[int], object], end: int, spec: str) -> list[int]:
-    """Positions of nodes named `spec` or of op `spec`, or where execution enters module path `spec`."""
+    """Positions of nodes named `spec` or of op `spec`, or where execution enters the module `spec` names (by its
+    path or its class: entering another instance of the class is another entry)."""
     matches = set(program.find_nodes(spec))
     by_op_or_name = {n for n in matches if spec in (program.nodes[n].name, program.nodes[n].op,
                                                     program.nodes[n].op_short)}
     out = []
-    prev_in_module = False
+    previous: str | None = None  # the module instance the previous node ran in
     for tick in range(end):
         node = node_at(tick)
         if node is None:
             continue
         idx = node.index
-        in_module = idx in matches and idx not in by_op_or_name
-        if idx in by_op_or_name or (in_module and not prev_in_module):
+        instance = program.module_instance(node, spec) if idx in matches and idx not in by_op_or_name else None
+        if idx in by_op_or_name or (instance is not None and instance != previous):
             out.append(tick)
-        prev_in_module = in_module
+        previous = instance
     return out
+
+
+def missing_function(program: Program, name: str) -> str:
+    """Why a function breakpoint names nothing in the Program, with names it does have."""
+    paths, classes = program.module_names()
+    typed = module_path_text(name)
+    rest = typed.partition(".")[2]
+    ends = ([p for p in paths if p.endswith("." + typed)]  # as Program.module_instance reads a path's end
+            or [p for p in paths if rest[:1].isalpha() and p.endswith("." + rest)])
+    if len(ends) > 1:
+        return (f"'{echo(name)}' names {len(ends)} modules ({', '.join(ends[:4])}{', ...' if len(ends) > 4 else ''}):"
+                " give the whole path")
+    close = difflib.get_close_matches(typed, paths + classes, n=3, cutoff=0.75)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    theirs = [(p, c) for n in program.nodes for p, c in n.module_stack if p and not c.startswith("torch.")]
+    example_path, example_class = theirs[len(theirs) // 2] if theirs else ("blocks.0.attn", "Attention")
+    example_class = example_class.rsplit(".", 1)[-1]
+    return (f"no node, op or module path '{echo(name)}' in the program, nor a module class of that name{hint} (try "
+            f"a node name, an op like aten.softmax, a module path like {example_path} or a class like {example_class})")
 
 
 class BreakpointTable:
@@ -239,8 +261,7 @@ class BreakpointTable:
         program = self.state.program
         self.function = self._named("function", [(spec.name, spec) for spec in specs],
                                     lambda name: program is None or bool(program.find_nodes(name)),
-                                    lambda name: f"no node, op or module path '{name}' in the program "
-                                                 "(try a node name, an op like aten.softmax, or blocks.0.attn)")
+                                    lambda name: missing_function(program, name))
         return self.function
 
     def set_data(self, specs: Iterable[DataSpec]) -> list[Breakpoint]:

@@ -11,16 +11,15 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
-from checkpoint.timeline import Timeline
 from hardware.driver import placement_of
-from hardware.errors import RewindError
+from hardware.errors import ExpressionError, RewindError, echo
 from hardware.expressions import evaluate
 from hardware.memory import Placement
 from hardware.program import Node, Program
 from hardware.session.address_map import occupant
 from hardware.session.breakpoints import BreakpointTable, line_positions, resolve_line
 from hardware.session.state import FrameInfo, SessionState
-from hardware.source_names import Assignment, assignments, frame_instance
+from hardware.source_names import Event, Instance, SourceScopes, flatten, source_scopes
 from hardware.ticks import Tick
 from provenance.lineage import lineage
 from provenance.writelog import WriteRecord
@@ -37,16 +36,38 @@ class Inspection:
         self.state = state
         self.breakpoints = breakpoints  # an edit makes every condition be evaluated again
         self._cursor = cursor  # the position inside a node, on a chip whose nodes run as instruction streams
-        self._assignments: list[Assignment] = []
+        self._scopes: SourceScopes | None = None
         self._interrupt = threading.Event()  # set by interrupt() from any thread; stops the running evaluation
 
     def bind(self, program: Program) -> None:
-        """After a launch: the source variable names of the new Program."""
-        self._assignments = assignments(program)
+        """After a launch: the source variable names of the new Program (and no stop of the previous run)."""
+        self._scopes = source_scopes(program)
+        self.state.last_stop = None
 
     # -- frames and names ----------------------------------------------------------------------------
     def current_node(self) -> Node | None:
+        """The node about to run at the position (None at the end, or before a user's edit)."""
         return self.state.tl.node_at(self.state.tl.position)
+
+    def _shown(self) -> tuple[int, str, int]:
+        """The tick whose node the stack shows, what to add to its name, and how many of its frames the stack shows
+        (outermost first). The node about to run, its frames out to the one a step stopped in (a call line shows
+        the caller: SessionState.shown_frames); right after a write the Session stopped for (a data breakpoint, a
+        NaN, an Inf, a divergence), the node that wrote, `(after write)`; at the end, the last node (it has run).
+        On a many-core chip a unit's stack stays at its next instruction."""
+        tl = self.state.tl
+        if self._cursor() is None and self.state.stopped_after_write():
+            tick = tl.position - 1
+            return tick, " (after write)", len(self.state.frames_at(tick))
+        if tl.position >= tl.end:
+            return tl.end - 1, "", len(self.state.frames_at(tl.end - 1)) if tl.end else 0
+        return tl.position, "", len(self.state.shown_frames(tl.position))
+
+    def frame_node(self) -> Node | None:
+        """The node the top frame shows (about to run, or, after a write the Session stopped for and at the end,
+        just run)."""
+        tick, _, _ = self._shown()
+        return self.state.tl.node_at(tick) if tick >= 0 else None
 
     def frames(self, unit: int | None = None) -> list[FrameInfo]:
         """The node at its source line, then the enclosing module forward frames, innermost first; for a
@@ -55,43 +76,83 @@ class Inspection:
         if unit and cursor is not None:
             return cursor.unit_frame(unit, self.frames())
         tl = self.state.tl
-        tick = tl.position if tl.position < tl.end else tl.end - 1
-        node = tl.node_at(tick)
+        tick, after, depth = self._shown()
+        node = tl.node_at(tick) if tick >= 0 else None
         if node is None:
-            step = tl.step_at(tick)
-            return [FrameInfo(0, f"edit of {step.edit.value}" if step and step.edit else "<start>", None, None, None)]
+            step = tl.step_at(tick) if tick >= 0 else None
+            label = f"edit of {step.edit.value}{after}" if step and step.edit else "<start>"
+            return [FrameInfo(0, label, None, None, None)]
         out = []
-        for i, frame in enumerate(reversed(node.frames)):
-            label = f"{node.name} ({node.op_short})" if i == 0 else f"{frame.module_class or ''}.{frame.loc.function}"
+        for i, frame in enumerate(reversed(node.frames[:depth])):
             where = frame.module_path if frame.module_path is not None else ""
-            name = f"{label} [{where or '<root>'}]" if i == 0 else f"{label} [{where or '<root>'}]".lstrip(".")
+            if i == 0:
+                name = f"{node.name}{after} ({node.op_short}) [{where or '<root>'}]"
+            else:
+                name = f"{frame.module_class or ''}.{frame.loc.function} [{where or '<root>'}]".lstrip(".")
             out.append(FrameInfo(i, name, frame.loc.file, frame.loc.line, frame.module_path))
         if not out:
-            out.append(FrameInfo(0, f"{node.name} ({node.op_short})", None, None, node.module_path))
+            out.append(FrameInfo(0, f"{node.name}{after} ({node.op_short})", None, None, node.module_path))
         return out
 
+    def _frame(self, position: Tick | None, level: int) -> tuple[Node | None, Instance | None, int, int]:
+        """(the node whose stack has frame `level`, that frame's instance, the position names are read at, how many
+        frames the stack has). Without a position: the stack shown now (`frames`); with one, the stack of the node
+        about to run there (the last node's at the end)."""
+        tl = self.state.tl
+        if position is None:
+            tick, _, depth = self._shown()
+            pos = tl.position
+        else:
+            pos = position
+            tick = pos if pos < tl.end else tl.end - 1
+            depth = len(self.state.frames_at(tick)) if tick >= 0 else 0
+        node = tl.node_at(tick) if tick >= 0 else None
+        if node is None or self._scopes is None or not 0 <= level < depth:
+            return node, None, pos, depth
+        ids = self._scopes.node_instances[node.index]
+        return node, self._scopes.instances[ids[depth - 1 - level]], pos, depth
+
+    def _bound(self, instance: Instance, position: int) -> dict[str, Event]:
+        """The names an instance has bound when `position` steps have run: name -> the binding that holds."""
+        node_tick = self.state.tl.node_tick
+        return self._scopes.visible(instance, lambda after: after < 0 or node_tick[after] < position)
+
     def names_at(self, position: Tick | None = None, level: int = 0) -> Mapping[str, Any]:
-        """Name -> tensor at a position, materialised lazily (for expressions): the source variables of the
-        frames on the stack first (`scores`, `x`), then every value by its Program name (`div_1`)."""
-        pos = self.state.tl.position if position is None else position
-        return _LazyValues(self.state.tl, pos, self.source_names(pos, level))
+        """Name -> tensor at a position, materialised lazily (for expressions): the source variables of frame
+        `level` of the stack as Python scopes them, then every value by its Program name (`div_1`). A variable of
+        that frame not assigned yet, or a variable of another frame, is not defined there, even where a Program
+        value (an input) has its name."""
+        return _LazyValues(self, position, level)
 
     def source_names(self, position: Tick | None = None, level: int = 0) -> dict[str, str]:
         """Source variable -> value name in one frame on the stack (0 = innermost), as Python scopes them:
-        the latest assignment in that frame instance before the position."""
-        tl = self.state.tl
-        pos = tl.position if position is None else position
-        frames = self.state.frames_at(pos if pos < tl.end else tl.end - 1)
-        if pos >= tl.end:
-            frames = frames[:1]
-        if level >= len(frames):
+        the latest binding in that frame instance before the position (its parameters from its start)."""
+        _node, instance, pos, _depth = self._frame(position, level)
+        if instance is None:
             return {}
-        scope = frame_instance(frames[len(frames) - 1 - level])
-        names: dict[str, str] = {}
-        for a in self._assignments:
-            if a.frame == scope and tl.node_tick[a.node] < pos:
-                names.update(a.names)
-        return names
+        return {name: e.binding for name, e in self._bound(instance, pos).items() if isinstance(e.binding, str)}
+
+    def frame_arguments(self, level: int = 0) -> dict[str, str]:
+        """The parameters of frame `level` (a module's forward, a function) bound to the tensors it was called
+        with, in the signature's order."""
+        _node, instance, _pos, _depth = self._frame(None, level)
+        if instance is None:
+            return {}
+        return {name: value for name, value in instance.arguments.items() if isinstance(value, str)}
+
+    def resolve(self, name: str, level: int = 0) -> str | None:
+        """The Program value a name the user typed means in frame `level` now: a source variable bound to a
+        tensor, else a Program value. None when it is neither; a RewindError saying why for a name that is a
+        variable here (or of another frame) but holds no single tensor now."""
+        binding = _Scope(self, None, level).lookup(name)
+        if binding is _UNKNOWN:
+            return None
+        if isinstance(binding, (tuple, dict)):
+            parts = list(flatten(binding.values() if isinstance(binding, dict) else binding))
+            shown = ", ".join(parts[:4]) + (", …" if len(parts) > 4 else "")
+            raise RewindError(f"'{echo(name)}' is not one tensor: it holds {len(binding)} values"
+                              f"{f' ({shown})' if shown else ''}; name one of them")
+        return binding
 
     def evaluate(self, expression: str, level: int = 0) -> Any:
         """A safe expression over the values at the position; source variables as stack frame `level` sees them.
@@ -233,18 +294,86 @@ class Inspection:
         return self.write_memory(name, flat * tensor.element_size(), data)
 
 
+_UNKNOWN = object()  # a name that is neither a variable here nor a Program value
+
+
+class _Scope:
+    """What one name means in one frame at one position (Inspection.names_at, Inspection.resolve)."""
+
+    def __init__(self, inspection: Inspection, position: Tick | None, level: int):
+        self.inspection = inspection
+        self.tl = inspection.state.tl
+        self.node, self.instance, self.position, self.depth = inspection._frame(position, level)
+        self.explicit, self.level = position is not None, level
+        self.bound = inspection._bound(self.instance, self.position) if self.instance is not None else {}
+
+    def lookup(self, name: str) -> Any:
+        """A value name, a tuple or dict of them, or _UNKNOWN; an ExpressionError for a variable not defined
+        here (or holding nothing Rewind follows)."""
+        event = self.bound.get(name)
+        if event is not None:
+            if event.binding is None:
+                raise ExpressionError(
+                    f"name '{echo(name)}' holds no tensor Rewind can show at this tick: line {event.line} of "
+                    f"{self.instance.title} gave it something else (a shape, a dtype, None) or a result Rewind "
+                    "cannot tell")
+            return event.binding
+        values = self.tl.program.values
+        if self.instance is not None and name in self.instance.names():
+            line = self.instance.function.first_line.get(name)
+            assigns = f"line {line} assigns it and has not run yet" if line else "it is not assigned yet"
+            raise ExpressionError(f"name '{echo(name)}' is not defined at this tick in {self.instance.title}: "
+                                  f"{assigns}")
+        scopes = self.inspection._scopes
+        info = values.get(name)
+        if info is not None and not (info.kind == "input" and scopes is not None and name in scopes.names):
+            return name
+        if scopes is not None and name in scopes.names:
+            where = f" in {self.instance.title}" if self.instance is not None else ""
+            raise ExpressionError(f"name '{echo(name)}' is not defined at this tick{where}{self._elsewhere(name)}")
+        return _UNKNOWN
+
+    def _elsewhere(self, name: str) -> str:
+        """Which frame of the stack shown has the name, as a hint."""
+        if self.explicit or self.node is None:
+            return ""
+        ids = self.inspection._scopes.node_instances[self.node.index]
+        for level in range(min(self.depth, len(ids))):
+            if level == self.level:
+                continue
+            instance = self.inspection._scopes.instances[ids[self.depth - 1 - level]]
+            event = self.inspection._bound(instance, self.position).get(name)
+            if event is not None and isinstance(event.binding, str):
+                return f": it is a variable of {instance.title} (frame {level}, a caller)" if level > self.level \
+                    else f": it is a variable of {instance.title} (frame {level})"
+        return ""
+
+
 class _LazyValues(Mapping):
-    def __init__(self, tl: Timeline, position: Tick, aliases: dict[str, str]):
-        self.tl, self.position, self.aliases = tl, position, aliases
+    def __init__(self, inspection: Inspection, position: Tick | None, level: int):
+        self.scope = _Scope(inspection, position, level)
+        self.tl, self.position = self.scope.tl, self.scope.position
 
     def __getitem__(self, name: str) -> Any:
-        name = self.aliases.get(name, name)
-        if name not in self.tl.program.values or self.tl.version_at(name, self.position) is None:
+        binding = self.scope.lookup(name)
+        if binding is _UNKNOWN:
             raise KeyError(name)
-        return self.tl.value(name, self.position)
+        return self._materialise(binding, name)
+
+    def _materialise(self, binding: Any, name: str) -> Any:
+        if isinstance(binding, tuple):
+            return tuple(self._materialise(b, name) for b in binding)
+        if isinstance(binding, dict):
+            return {k: self._materialise(b, name) for k, b in binding.items()}
+        if binding is None:
+            return None
+        if self.tl.version_at(binding, self.position) is None:
+            raise ExpressionError(f"name '{echo(name)}' ({binding}) is not written yet at this tick")
+        return self.tl.value(binding, self.position)
 
     def __iter__(self):
-        return iter(list(self.aliases) + self.tl.defined(self.position))
+        names = [n for n, e in self.scope.bound.items() if isinstance(e.binding, str)]
+        return iter(dict.fromkeys(names + self.tl.defined(self.position)))
 
     def __len__(self) -> int:
-        return len(self.aliases) + len(self.tl.defined(self.position))
+        return sum(1 for _ in self)

@@ -1,6 +1,11 @@
-"""Moving the Session through time, in both directions: continue, step (over, in, out; statement, line,
-instruction), goto, restore, restart. Direction is a parameter of every motion, so reverse is not a
-second code path: every motion is one scan over positions (`_scan`) that ends in a Stop.
+"""Moving the Session through time, in both directions: continue, step (over, in, out; by statement, that is a
+source line, or by instruction), step into a node of the current line, goto, restore, restart. Direction is a
+parameter of every motion, so reverse is not a second code path: every motion is one scan over positions (`_scan`)
+that ends in a Stop.
+
+Stepping by statement is gdb's: `next` and `back` step over calls in both directions, and a step that stops on a
+line of a caller before the call's first node runs (the call line) shows the stack out to that caller (Stop.depth),
+since that instant is also the callee's first line; `stepIn` there enters the call without moving.
 
 Positions: position p means p steps have run and the node of step p is about to run, as a debugger
 stops before a line executes. Position `end` is the end of the program, where the session stays
@@ -17,11 +22,14 @@ from checkpoint.timeline import Timeline
 from hardware.errors import RewindError
 from hardware.events import ExceptionDetails, Invalidated, ProgressAfter, Stopped
 from hardware.program import Frame
-from hardware.session.breakpoints import BreakpointTable
+from hardware.session.breakpoints import BreakpointTable, line_begins
 from hardware.session.exception_filters import ExceptionFilters
 from hardware.session.instruction_level import InstructionLevel
 from hardware.session.state import SessionState
 from hardware.ticks import Direction, Stop, Tick
+
+GRANULARITIES = ("statement", "line", "instruction")  # statement and line are one thing: a line of Python source
+MAX_STEP_IN_TARGETS = 1000
 
 class Motion:
     """The Session's motions: they move its Timeline, and ask its breakpoints, exception filters and (on an
@@ -52,39 +60,77 @@ class Motion:
         """Continue (or reverse-continue) to the next position where a breakpoint holds."""
         return self._scan(direction, lambda q: None, breakpoints=True)
 
-    def step(self, direction: Direction = Direction.FORWARD, granularity: str = "line",
+    def step(self, direction: Direction = Direction.FORWARD, granularity: str = "statement",
              kind: str = "over", unit: int | None = None, single_thread: bool = False) -> Stop:
-        """One step: kind over (next), in (stepIn), out (stepOut); granularity statement, line, instruction.
+        """One step: kind over (next), in (stepIn), out (stepOut).
 
-        Breakpoints met on the way stop the step early, as in gdb. On a chip whose nodes run as
-        instruction streams, granularity `instruction` is one step of the node's interleaving: of any
-        unit, of `unit` (the others run as recorded), or of `unit` alone (`single_thread`)."""
+        Granularity `statement` (or `line`, the same): a line of source, as gdb steps: over calls both ways; back from
+        inside a line to where it began, from where it began to where the line before it in the same function began,
+        and from a function's first line to its call line. `instruction`: one node; on a chip whose nodes run as
+        instruction streams, one step of the node's interleaving: of any unit, of `unit` (the others run as
+        recorded), or of `unit` alone (`single_thread`). Breakpoints met on the way stop a step early, as in gdb."""
+        if granularity not in GRANULARITIES:
+            raise RewindError(f"unknown stepping granularity '{granularity}': statement (a line of source, the "
+                              "default), line (the same) or instruction (one node; one chip instruction on a chip "
+                              "whose nodes run as instruction streams)")
         tl = self.tl
         start = tl.position
-        if self.instructions.cursor is not None:
-            if granularity == "instruction":
-                return self.instructions.cursor.step_instruction(direction, unit, single_thread)
-            if direction is Direction.REVERSE and self.instructions.instruction:  # back to the start of the node we are inside
-                return self._scan(direction, lambda q: Stop("step", q) if q == start else None, breakpoints=True)
-        if granularity in ("statement", "instruction") and kind != "out":
+        if granularity == "instruction" and self.instructions.cursor is not None:
+            return self.instructions.cursor.step_instruction(direction, unit, single_thread)
+        if self.instructions.cursor is None and self.state.stopped_after_write():
+            return self._from_writer(direction, kind)
+        if granularity == "instruction" and kind != "out":  # one node
             target = start + (1 if direction is Direction.FORWARD else -1)
             return self._scan(direction, lambda q: Stop("step", q) if q == target else None)
-        frames = self.state.frames_at(start if start < tl.end else tl.end - 1)
+        frames = self.state.shown_frames(min(start, tl.end - 1))
         if kind == "out":
             return self._step_out(direction, frames)
         if direction is Direction.REVERSE:
-            return self._step_back_line(frames)
-        depth = len(frames)
+            return self._step_back(frames)
+        if start < tl.end and kind == "in" and len(frames) < len(self.state.frames_at(start)):
+            return self._stay(len(frames) + 1)  # into the call of this call line, before it runs
+        return self._scan(direction, self._over(frames) if kind == "over" else self._into(frames), breakpoints=True)
+
+    def _from_writer(self, direction: Direction, kind: str) -> Stop:
+        """A step from a stop right after a write (a data breakpoint, a NaN, an Inf, a divergence), whose top frame
+        is the writer, which has run (SessionState.stopped_after_write): forward, the next node is about to run
+        (no motion); back, the instant before the write; out, out of the writer's frame."""
+        tl, start = self.tl, self.tl.position
+        if kind == "out":
+            frames = self.state.frames_at(start - 1)
+            if direction is Direction.FORWARD and frames and (start >= tl.end or not _same_frame(
+                    frames, self.state.frames_at(start), len(frames))):
+                return self.stopped(self._end_or(Stop("step", start)))  # the next node is outside it already
+            return self._step_out(direction, frames)
+        if direction is Direction.FORWARD:
+            return self.stopped(self._end_or(Stop("step", start)))
+        return self._scan(direction, lambda q: Stop("step", q) if q == start - 1 else None, breakpoints=True)
+
+    def _over(self, frames: tuple[Frame, ...]) -> Callable[[int], Stop | None]:
+        """Where `next` stops: where the line frames[-1] is at stops running (over the calls it makes)."""
+        depth, end = len(frames), self.tl.end
 
         def done(q: int) -> Stop | None:
-            g = self.state.frames_at(q) if q < tl.end else ()
-            if kind == "in" or depth == 0:  # depth 0: from a user edit, which is a step of its own
-                return Stop("step", q) if kind != "in" or _keys(g) != _keys(frames) else None
-            if not _same_frame(frames, g, depth) or g[depth - 1].loc.line != frames[depth - 1].loc.line:
-                return Stop("step", q)
-            return None
+            if depth and q < end and self._continues(frames, q - 1, q, depth):
+                return None
+            g = self.state.frames_at(q) if q < end else ()
+            return Stop("step", q, depth=self._shown(q, _common_depth(frames, g, depth)))
+        return done
 
-        return self._scan(direction, done, breakpoints=True)
+    def _into(self, frames: tuple[Frame, ...]) -> Callable[[int], Stop | None]:
+        """Where `stepIn` stops: at the next line of any frame, shown at the frame whose line it is: a callee's
+        first line, the next line of this function, or, once this function has returned, the caller's line."""
+        keys, end = _keys(frames), self.tl.end
+
+        def done(q: int) -> Stop | None:
+            g = self.state.frames_at(q) if q < end else ()
+            other = _keys(g)
+            if other == keys:
+                return None
+            changed = next((i for i, (a, b) in enumerate(zip(keys, other)) if a != b), min(len(keys), len(other)))
+            left = changed < min(len(keys), len(other)) and not _same_frame(frames, g, changed + 1)
+            return Stop("step", q, depth=self._shown(q, changed if left else changed + 1))
+        return done
 
     def _step_out(self, direction: Direction, frames: tuple[Frame, ...]) -> Stop:
         depth = len(frames)
@@ -92,32 +138,110 @@ class Motion:
         if direction is Direction.FORWARD:
             def left(q: int) -> Stop | None:
                 g = self.state.frames_at(q) if q < tl.end else ()
-                return Stop("step", q) if depth == 0 or not _same_frame(frames, g, depth) else None
+                if depth and _same_frame(frames, g, depth):
+                    return None
+                return Stop("step", q, depth=self._shown(q, _common_depth(frames, g, depth)))
             return self._scan(direction, left, breakpoints=True)
-        # Backwards: to the instant before the current frame was entered.
+        # Backwards (gdb's reverse-finish): to the call line in the caller, at the instant the frame was entered.
+        if not depth:  # from a user edit, which is a step of its own
+            return self._back_to(max(tl.position - 1, 0), None)
         q = min(tl.position, tl.end - 1)
-        while q > 0 and depth and _same_frame(frames, self.state.frames_at(q - 1), depth):
+        while q > 0 and _same_frame(frames, self.state.frames_at(q - 1), depth):
             q -= 1
-        target = q if q < tl.position else max(q - 1, 0)
-        return self._scan(direction, lambda p: Stop("step", p) if p == target else None, breakpoints=True)
+        return self._back_to(q, depth - 1)
 
-    def _step_back_line(self, frames: tuple[Frame, ...]) -> Stop:
+    def _step_back(self, frames: tuple[Frame, ...]) -> Stop:
+        """`next` backwards, as gdb's reverse-next: over calls, to the start of a line in the same function or in
+        its caller (see `step`)."""
         tl = self.tl
-        depth = len(frames)
-        q = tl.position - 1
-        if tl.position < tl.end and depth:  # skip the earlier nodes of the current line (an edit has none)
-            while q >= 0 and _in_line(frames, self.state.frames_at(q), depth):
-                q -= 1
-        if q < 0:
-            return self._scan(Direction.REVERSE, lambda p: Stop("step", p) if p == 0 else None)
-        anchor = self.state.frames_at(q)
-        if not anchor:  # a user edit has no source line: stepping back undoes just it
-            return self._scan(Direction.REVERSE, lambda p: Stop("step", p) if p == q else None, breakpoints=True)
-        level = min(depth, len(anchor)) if tl.position < tl.end else len(anchor)
-        while q > 0 and _in_line(anchor, self.state.frames_at(q - 1), level):
+        p, depth = tl.position, len(frames)
+        if p >= tl.end or not depth:  # from the end, or from a user edit: to where the line of the step before began
+            q = min(p, tl.end) - 1
+            if q < 0:
+                return self._scan(Direction.REVERSE, lambda _: None)
+            anchor = self.state.frames_at(q)
+            return self._back_to(self._line_start(q, anchor, len(anchor)) if anchor else q, None)
+        begun = self._line_start(p, frames, depth)
+        if begun < p or self.instructions.instruction:  # inside the line: to where it began
+            return self._back_to(begun, depth)
+        if p == 0:
+            return self._scan(Direction.REVERSE, lambda _: None)
+        before = self.state.frames_at(p - 1)
+        if not before:  # a user edit has no source line: stepping back undoes just it
+            return self._back_to(p - 1, None)
+        if _same_frame(frames, before, depth):  # the line before, in this function, over the calls it made
+            return self._back_to(self._line_start(p - 1, before, depth), depth)
+        if depth == 1:
+            return self._back_to(self._line_start(p - 1, before, len(before)), None)
+        # the function's first line: to the call line in the caller, where its execution began
+        return self._back_to(self._line_start(p, frames, depth - 1), depth - 1)
+
+    def _back_to(self, target: Tick, depth: int | None) -> Stop:
+        """Step back to `target` (breakpoints on the way stop it), showing `depth` frames there."""
+        if target == self.tl.position and not self.instructions.instruction:
+            return self._stay(depth)
+        return self._scan(Direction.REVERSE,
+                          lambda q: Stop("step", q, depth=self._shown(q, depth)) if q == target else None,
+                          breakpoints=True)
+
+    def _stay(self, depth: int | None) -> Stop:
+        """A step that needs no motion, only another frame shown: into the call of a call line, or back from a
+        function's first line to its call line (one instant: before the call's first node runs)."""
+        tick = self.tl.position
+        return self.stopped(Stop("step", tick, depth=self._shown(tick, depth),
+                                 instruction=self.instructions.instruction or None))
+
+    def _shown(self, tick: Tick, depth: int | None) -> int | None:
+        """`depth` frames at `tick` (None: all of them, which is what a depth as deep as the node's is)."""
+        if depth is None or tick >= self.tl.end or not 0 < depth < len(self.state.frames_at(tick)):
+            return None
+        return depth
+
+    def _continues(self, frames: tuple[Frame, ...], a: Tick, b: Tick, depth: int) -> bool:
+        """Do ticks a and b = a + 1 run one execution of the line frames[depth - 1] is at (or calls it makes)?
+
+        A loop over layers runs its line once per layer: a new call from it into another instance of the same
+        code begins a new execution (breakpoints and goto targets count executions the same way)."""
+        fa, fb = self.state.frames_at(a), self.state.frames_at(b)
+        return _in_line(frames, fa, depth) and _in_line(frames, fb, depth) and not line_begins(fa, fb, depth - 1)
+
+    def _line_start(self, q: Tick, frames: tuple[Frame, ...], depth: int) -> Tick:
+        """Where the execution of the line frames[depth - 1] is at, which tick q runs, began."""
+        while q > 0 and self._continues(frames, q - 1, q, depth):
             q -= 1
-        target = q
-        return self._scan(Direction.REVERSE, lambda p: Stop("step", p) if p == target else None, breakpoints=True)
+        return q
+
+    def step_in_targets(self, level: int | None = 0) -> list[Tick]:
+        """The nodes still to run in the current execution of the line of stack frame `level` (0 = innermost as
+        shown; None = outermost, whose targets include every frame's), by tick: where `step_into` can go. Right
+        after a write the Session stopped for, the stack shows the writer, and the node about to run is the first
+        target when it runs the writer's line on. At most MAX_STEP_IN_TARGETS, the first ones (each frame's
+        targets are the first ones of the outermost's)."""
+        tl, p = self.tl, self.tl.position
+        if self.instructions.cursor is None and self.state.stopped_after_write():
+            frames, q = self.state.frames_at(p - 1), p
+        else:
+            frames, q = (self.state.shown_frames(p) if p < tl.end else ()), p + 1
+        if not frames:  # the end, or a user edit: no line runs
+            return []
+        level = len(frames) - 1 if level is None else level
+        if not 0 <= level < len(frames):
+            raise RewindError(f"no frame {level} here: the stack has {len(frames)} frame(s)")
+        depth, out = len(frames) - level, []
+        while q < tl.end and len(out) < MAX_STEP_IN_TARGETS and self._continues(frames, q - 1, q, depth):
+            out.append(Tick(q))
+            q += 1
+        return out
+
+    def step_into(self, tick: Tick) -> Stop:
+        """Run forward to the instant before the node at `tick` runs, one of `step_in_targets`; breakpoints on the
+        way stop it first. One node at a time, on any chip: the first target is the next node of the line."""
+        if tick not in self.step_in_targets(None):
+            raise RewindError(f"tick {tick} is not a node still to run on the line at tick {self.tl.position}: "
+                              "step into one of the targets listed here")
+        if tick == self.tl.position:  # after a write: the node about to run, shown instead of the writer
+            return self._stay(None)
+        return self._scan(Direction.FORWARD, lambda q: Stop("step", q) if q == tick else None, breakpoints=True)
 
     def goto(self, tick: Tick) -> Stop:
         tl = self.tl
@@ -219,3 +343,8 @@ def _same_frame(frames: tuple[Frame, ...], other: tuple[Frame, ...], depth: int)
 
 def _in_line(frames: tuple[Frame, ...], other: tuple[Frame, ...], depth: int) -> bool:
     return _same_frame(frames, other, depth) and (depth == 0 or other[depth - 1].loc.line == frames[depth - 1].loc.line)
+
+
+def _common_depth(frames: tuple[Frame, ...], other: tuple[Frame, ...], depth: int) -> int:
+    """How many of frames[:depth] (outermost first) `other` is still inside: the frame a step lands in."""
+    return next((k for k in range(depth, 0, -1) if _same_frame(frames, other, k)), 0)

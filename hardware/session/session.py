@@ -225,7 +225,7 @@ class Session:
     def end(self) -> Tick:
         return Tick(self.tl.end)
 
-    # -- breakpoints and exception filters (hardware/session/breakpoints.py, hardware/session/exception_filters.py) --------
+    # -- breakpoints and exception filters (hardware/session/breakpoints.py, exception_filters.py) ----------------
     @property
     def line_breakpoints(self) -> dict[str, list[Breakpoint]]:
         return self.breakpoints.line
@@ -311,10 +311,20 @@ class Session:
         """Continue (or reverse-continue) to the next position where a breakpoint holds."""
         return self.motion.run(direction)
 
-    def step(self, direction: Direction = Direction.FORWARD, granularity: str = "line",
+    def step(self, direction: Direction = Direction.FORWARD, granularity: str = "statement",
              kind: str = "over", unit: int | None = None, single_thread: bool = False) -> Stop:
-        """One step: kind over, in, out; granularity statement, line, instruction (Motion.step says how)."""
+        """One step: kind over, in, out; granularity statement (a source line; `line` is the same) or instruction
+        (one node; one chip instruction on a chip like sim). Motion.step says how."""
         return self.motion.step(direction, granularity, kind, unit, single_thread)
+
+    def step_in_targets(self, level: int | None = 0) -> list[Tick]:
+        """The ticks of the nodes still to run on the line of stack frame `level` (None: the outermost frame):
+        where step_into can go."""
+        return self.motion.step_in_targets(level)
+
+    def step_into(self, tick: Tick) -> Stop:
+        """Run forward to the instant before one of step_in_targets' nodes runs (one node at a time on any chip)."""
+        return self.motion.step_into(tick)
 
     def goto(self, tick: Tick) -> Stop:
         return self.motion.goto(tick)
@@ -333,17 +343,32 @@ class Session:
     def current_node(self) -> Node | None:
         return self.inspection.current_node()
 
+    def frame_node(self) -> Node | None:
+        """The node the top frame shows: about to run, or just run (after a write the Session stopped for, and at
+        the end)."""
+        return self.inspection.frame_node()
+
     def frames(self, unit: int | None = None) -> list[FrameInfo]:
-        """The node at its source line, then the enclosing module forward frames, innermost first."""
+        """The node at its source line, then the enclosing module forward frames, innermost first; right after a
+        write the Session stopped for, the node that wrote."""
         return self.inspection.frames(unit)
 
     def names_at(self, position: Tick | None = None, level: int = 0) -> Mapping[str, Any]:
-        """Name -> tensor at a position (source variables first, then Program names), materialised lazily."""
+        """Name -> tensor at a position (the frame's source variables, then Program names), materialised lazily."""
         return self.inspection.names_at(position, level)
 
     def source_names(self, position: Tick | None = None, level: int = 0) -> dict[str, str]:
         """Source variable -> value name in one frame on the stack (0 = innermost)."""
         return self.inspection.source_names(position, level)
+
+    def frame_arguments(self, level: int = 0) -> dict[str, str]:
+        """The parameters of stack frame `level` bound to the tensors it was called with."""
+        return self.inspection.frame_arguments(level)
+
+    def resolve_name(self, name: str, level: int = 0) -> str | None:
+        """The Program value a name means in stack frame `level` (a source variable, or a Program value); None if
+        neither; a RewindError saying why for a variable that holds no single tensor there now."""
+        return self.inspection.resolve(name, level)
 
     def evaluate(self, expression: str, level: int = 0) -> Any:
         """A safe expression over the values at the position; `interrupt()` stops it."""

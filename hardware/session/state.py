@@ -17,6 +17,9 @@ from hardware.program import Frame, Program
 from hardware.ticks import Stop, Tick
 
 
+AFTER_WRITE = ("nan", "inf", "divergence")  # exception filters whose stop is right after the write they found
+
+
 @dataclass
 class LaunchOptions:
     program: str = ""
@@ -74,7 +77,27 @@ class SessionState:
             raise NotStoppedError("no program is loaded: launch first")
         return self.timeline
 
+    def stopped_after_write(self) -> bool:
+        """Is the Session where its last stop left it, right after a write it stopped for: a data breakpoint, or a
+        NaN, an Inf or a divergence the exception filters found? A Stop at position q is after step q - 1, the
+        writer: the top frame then shows that writer at its line, and stepping starts from it."""
+        stop, tl = self.last_stop, self.timeline
+        if stop is None or tl is None or stop.tick != tl.position or not 0 < stop.tick <= tl.end or stop.instruction:
+            return False
+        if stop.reason == "data breakpoint":
+            return True
+        return stop.reason == "exception" and stop.exception is not None and stop.exception.filter in AFTER_WRITE
+
     def frames_at(self, tick: Tick) -> tuple[Frame, ...]:
         """The source frames of the node at `tick` (none for a user's edit)."""
         node = self.tl.node_at(tick)
         return node.frames if node else ()
+
+    def shown_frames(self, tick: Tick) -> tuple[Frame, ...]:
+        """The source frames shown at `tick`: the node's, out to the caller's when the stop there is on a call line
+        (a step over a call, or back to it, stops before the call's first node runs and shows the caller's line)."""
+        frames = self.frames_at(tick)
+        stop = self.last_stop
+        if stop is not None and stop.depth is not None and stop.tick == tick == self.tl.position:
+            return frames[:stop.depth]
+        return frames

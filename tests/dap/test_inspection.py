@@ -38,16 +38,18 @@ def test_stack_is_the_node_at_its_line_then_the_module_forwards(at_mask):
 
 def test_scopes_show_the_node_locals_live_values_and_parameters(at_mask):
     scopes = at_mask.request("scopes", {"frameId": 1})["scopes"]
-    assert [s["name"] for s in scopes] == ["Node ones (aten.ones)", "Locals", "Live values", "Parameters"]
+    assert [s["name"] for s in scopes] == ["Node ones (aten.ones)", "Arguments", "Locals", "Live values",
+                                           "Parameters"]
     (output,) = at_mask.scope("Node")
     assert output["name"] == "ones" and output["type"].startswith("output")
     assert output["value"].startswith("<not written yet")
-    assert [v["name"] for v in at_mask.scope("Locals")] == ["q", "k", "v", "scores"]
+    assert [v["name"] for v in at_mask.scope("Arguments")] == ["x"]  # Attention.forward(self, x)
+    assert [v["name"] for v in at_mask.scope("Locals")] == ["x", "q", "k", "v", "scores"]
     assert "div" in [v["name"] for v in at_mask.scope("Live values")]
     assert "p_blocks_0_attn_qkv_weight" in [v["name"] for v in at_mask.scope("Parameters")]
     outer = at_mask.request("scopes", {"frameId": 2})["scopes"]
-    assert [s["name"] for s in outer][0] == "Locals"
-    assert [v["name"] for v in at_mask.scope("Locals", frame_id=3)] == ["x"]
+    assert [s["name"] for s in outer][:2] == ["Arguments", "Locals"]
+    assert [v["name"] for v in at_mask.scope("Locals", frame_id=3)] == ["tokens", "x"]
 
 
 def test_tensor_variable_shows_stats_and_has_location_provenance_and_elements(at_mask):
