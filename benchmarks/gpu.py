@@ -224,7 +224,7 @@ def measure(bench: Bench, samples: int, report: Report) -> None:
     with report.stage("step back, 25% budget, always loading from the host tier"):
         loading = bench.session(intermediate // 4, 2 * intermediate, **DEVICE_TIER)
         loading.run()
-        loading.tl._recompute_rather_than_load = lambda key: False  # the ablation: lower tiers first, as before
+        loading.tl.store.recompute_rather_than_load = lambda key: False  # the ablation: lower tiers first, as before
         row("step back at the same ticks, 25% budget, a spilled version always loaded, never recomputed",
             step_back(bench, loading, samples, node_ms))
         loading.close()

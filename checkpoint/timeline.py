@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generic, Iterable, Mapping, TypeVar
 
 from checkpoint.branch import ArchiveBefore, Branch, Patch
-from checkpoint.ring import Ring, VersionKey
+from checkpoint.ring import Ring
 from checkpoint.steps import Edit, Step, edit_frame
 from checkpoint.tiers import HostTier
 from checkpoint.trace import TraceWriter
@@ -79,9 +79,6 @@ class Timeline:
     versions: _Stored[dict[str, list[Tick]]] = _Stored("versions")
     loaded: _Stored[int] = _Stored("loaded")  # versions brought back from the lower tiers
     recomputed: _Stored[int] = _Stored("recomputed")  # versions computed again by running their node
-    _frontier_values: _Stored[dict[VersionKey, Any]] = _Stored("frontier_values")
-    _load_rate: _Stored[float] = _Stored("load_rate")
-    _recompute_rather_than_load: _Stored[Callable[[VersionKey], bool]] = _Stored("recompute_rather_than_load")
 
     def __init__(self, program: Program, driver: Driver, budget: int, every: int | None = None,
                  on_nondeterminism: Callable[[Nondeterminism], None] | None = None, tiers: HostTier | None = None,

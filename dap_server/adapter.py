@@ -60,6 +60,7 @@ class Adapter:
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rewind-session")
         self.variables = VariableTable()
         self.launched = False
+        self.cwd: str | None = None  # the working directory the last launch gave (dap_server/paths.py)
         self.closing = False  # the connection ends once the current response is sent
         self.terminated = False
         self._motion: Motion | None = None  # set by a handler, started after its response

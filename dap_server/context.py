@@ -51,6 +51,7 @@ class RequestContext(Protocol):
     launched: bool  # a program was launched (set by launch and attach)
     closing: bool  # the connection ends once the current response is sent (set by disconnect)
     terminated: bool  # the client was told the debuggee terminated
+    cwd: str | None  # the working directory the last launch gave; relative paths resolve against it
 
     @property
     def session(self) -> Session: ...

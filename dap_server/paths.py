@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import os
 import stat
-import threading
-from weakref import WeakKeyDictionary
+from typing import Protocol
 
 from hardware.errors import RewindError, echo, os_reason
 
-_CWD: "WeakKeyDictionary[object, str]" = WeakKeyDictionary()  # a session (its adapter) -> its working directory
-_LOCK = threading.Lock()
 _follow = False  # set in an engine process: the process moves into its session's working directory
 
 
@@ -57,12 +54,14 @@ def checked_cwd(value: str, command: str = "launch") -> str:
     return os.path.normpath(value)
 
 
-def session_cwd(session: object) -> str:
+class HasCwd(Protocol):
+    cwd: str | None  # the working directory the session's last launch gave (None: not launched in one yet)
+
+
+def session_cwd(session: HasCwd) -> str:
     """The session's working directory: the one its last launch gave, else where this process runs."""
-    with _LOCK:
-        known = _CWD.get(session)
-    if known is not None:
-        return known
+    if session.cwd is not None:
+        return session.cwd
     try:
         return os.getcwd()
     except OSError:  # the folder the adapter was started in was removed since
@@ -78,7 +77,7 @@ def absolute(path: str | None, cwd: str) -> str | None:
     return os.path.normpath(os.path.join(cwd, path))
 
 
-def in_session(session: object, path: str) -> str:
+def in_session(session: HasCwd, path: str) -> str:
     """A path a request gives (saveTrace's, a knowledge base's), from the session's working directory."""
     return absolute(path, session_cwd(session)) or path
 
@@ -87,7 +86,7 @@ class Entering:
     """The session moves into `cwd` for a launch: remembered as its working directory once the launch succeeds, and
     in an engine process entered (before the program's build() runs); a launch that fails leaves both as they were."""
 
-    def __init__(self, session: object, cwd: str):
+    def __init__(self, session: HasCwd, cwd: str):
         self.session, self.cwd = session, cwd
         self._left: str | None = None
 
@@ -108,8 +107,7 @@ class Entering:
 
     def __exit__(self, kind, exc, tb) -> None:
         if kind is None:
-            with _LOCK:
-                _CWD[self.session] = self.cwd
+            self.session.cwd = self.cwd
         elif self._left is not None:
             try:
                 os.chdir(self._left)

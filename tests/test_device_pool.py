@@ -159,7 +159,7 @@ def test_recomputing_a_value_keeps_an_input_found_in_the_ring_while_its_sibling_
         if key != key_a:
             tl.ring.drop(key)
     tl.ring.checkpoints = {0: tl.ring.checkpoints[0]}
-    tl._frontier_values.clear()
+    tl.store.frontier_values.clear()
     tl.ring.budget = tl.ring.used + 1  # loading `b` needs the room `a` takes
     assert torch.equal(tl.value_version(out, tl.node_tick[node.index]), expected)
 
@@ -175,7 +175,7 @@ def _spilled_version(tl: Timeline) -> tuple[tuple[str, int], torch.Tensor]:
             tensor = tl.ring.get(key).clone()
             tl.tiers.put(key, tensor)
             tl.ring.drop(key)
-            tl._frontier_values.clear()
+            tl.store.frontier_values.clear()
             return key, tensor
     raise AssertionError("no version with its inputs retained")
 
@@ -186,7 +186,7 @@ def test_a_spilled_version_is_recomputed_or_loaded_whichever_its_measured_costs_
     tl = Timeline(program(GPT), TorchDriver.from_spec("torch:cpu"), budget=64 << 20, tiers=HostTier(64 << 20))
     tl.seek(tl.end)
     key, expected = _spilled_version(tl)
-    tl._load_rate = tier_bytes_per_s  # as if the tier's last loads ran at this rate
+    tl.store.load_rate = tier_bytes_per_s  # as if the tier's last loads ran at this rate
     before = {"recomputed": tl.recomputed, "loaded": tl.loaded}
     assert torch.equal(tl.value_version(*key), expected)
     assert {k: getattr(tl, k) - v for k, v in before.items()} == {k: int(k == path) for k in before}
