@@ -23,7 +23,7 @@ from checkpoint.ring import VersionKey
 from checkpoint.steps import Step
 from checkpoint.trace import TraceWriter
 from checkpoint.versions import Archive
-from hardware.driver import Driver, execute_at, from_host, to_host
+from hardware.driver import Driver, cast, execute_at, from_host, to_host
 from hardware.errors import DriverError, RewindError
 from hardware.instructions import InstructionDriver
 from hardware.program import Node, Ref
@@ -35,6 +35,7 @@ class Patch(ABC):
 
     node: int  # node index
     kind = "patch"
+    keeps_dtypes = True  # its outputs have the dtypes the pass stores for the node's (a precision patch's do not)
 
     @abstractmethod
     def run(self, driver: Driver, node: Node, args: tuple, kwargs: dict) -> list[Any]:
@@ -53,6 +54,7 @@ class PrecisionPatch(Patch):
     patched consumers, and unpatched consumers read them converted back to the Program's dtype."""
 
     kind = "precision"
+    keeps_dtypes = False
     node: int
     dtype: str
 
@@ -167,6 +169,35 @@ class EditPatch(Patch):
 
     def to_dict(self) -> dict:
         return {**super().to_dict(), "value": self.value, "index": list(self.index), "set": self.number}
+
+
+class DtypeMismatch(RewindError):
+    """A patch returned an output of another dtype than the pass stores for it. Casting it back would hide
+    what the patch computes (a float64 band-aid rounded to float16 afterwards), so it is refused, in words."""
+
+    def __init__(self, node: Node, patch: Patch, value: str, stored: str, returned: str):
+        super().__init__(f"{node.describe()} {patch.describe()} returned '{value}' as {returned}, but the pass "
+                         f"stores it as {stored}: a patch must return the node's own dtype (convert its result "
+                         "with .to(...)); it is not cast back silently")
+        self.node, self.value, self.stored, self.returned = node, value, stored, returned
+
+    def to_dict(self) -> dict:
+        return {"node": self.node.name, "op": self.node.op, "value": self.value, "recorded": self.stored,
+                "returned": self.returned}
+
+
+def check_dtype(driver: Driver, node: Node, patch: Patch, value: str, output: Any, recorded: str) -> None:
+    """Refuse a patched output whose dtype is not the one the pass stores for `value` (the Program's `recorded`
+    dtype, as this driver holds it: a driver computing wider, the reference's, holds it wider)."""
+    if not patch.keeps_dtypes:
+        return
+    stored = cast(driver, output, recorded)
+    if stored.dtype != output.dtype:
+        raise DtypeMismatch(node, patch, value, _dtype(stored), _dtype(output))
+
+
+def _dtype(tensor: Any) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
 
 
 def _schema_names(node: Node) -> list[str]:

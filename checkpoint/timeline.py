@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Iterable, Mapping, TypeVar
 
-from checkpoint.branch import ArchiveBefore, Branch, Patch
+from checkpoint.branch import ArchiveBefore, Branch, Patch, check_dtype
 from checkpoint.ring import Ring
 from checkpoint.steps import Edit, Step, edit_frame
 from checkpoint.tiers import HostTier
@@ -250,12 +250,14 @@ class Timeline:
         return self._patched_outputs(node, patch, outputs)
 
     def _patched_outputs(self, node: Node, patch: Patch, outputs: list[Any]) -> list[Any]:
-        """A patch changes how a node computes, never the shapes of what it writes."""
+        """A patch changes how a node computes, never the shapes of what it writes (nor, but for a precision
+        patch, their dtypes)."""
         for name, tensor in zip(node.outputs, outputs):
-            want = self.program.values[name].shape
-            if tuple(tensor.shape) != want:
+            want = self.program.values[name]
+            if tuple(tensor.shape) != want.shape:
                 raise RewindError(f"{node.describe()} {patch.describe()} wrote '{name}' with shape "
-                                  f"{list(tensor.shape)}; the program's is {list(want)}")
+                                  f"{list(tensor.shape)}; the program's is {list(want.shape)}")
+            check_dtype(self.driver, node, patch, name, tensor, want.dtype)
         return outputs
 
     # -- executing at the frontier -------------------------------------------------------------

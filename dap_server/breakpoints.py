@@ -23,6 +23,9 @@ EXCEPTION_FILTERS = [
      "description": "Stop after the first write that produces a NaN its inputs did not carry"},
     {"filter": "inf", "label": "±Inf written", "default": False,
      "description": "Stop after the first write that produces a ±Inf its inputs did not carry"},
+    {"filter": "nonfinite-output", "label": "NaN/Inf reaching an output", "default": False,
+     "description": "Stop only after a write that produces a NaN or ±Inf its inputs did not carry and that reaches "
+                    "a program output (not one written on purpose and discarded on the way, as by a torch.where)"},
     {"filter": "divergence", "label": "Divergence from the reference", "default": False,
      "description": "Stop after the node where the pass first leaves its reference (launch option `reference`, "
                     "default torch:cpu:float64) by more than its tolerance"},

@@ -1,6 +1,7 @@
 """The `rewind` command: `rewind debug model.py` opens the console on a model; `rewind forensics model.py`
 runs the one-shot numerical forensics (provenance/forensics_cli.py); `rewind repair model.py --fix fix.py`
-runs the repair loop (provenance/repair_cli.py)."""
+runs the repair loop (provenance/repair_cli.py); `rewind validate fixed.py --original model.py` validates an edited
+copy of a model (provenance/validate_cli.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 import sys
 
 from dap_server import console
-from provenance import forensics_cli, repair_cli
+from provenance import forensics_cli, repair_cli, validate_cli
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,11 +33,16 @@ def main(argv: list[str] | None = None) -> int:
     repair = commands.add_parser("repair", help="validate candidate fixes and record the ones that hold",
                                  description=repair_cli.__doc__.splitlines()[0])
     repair_cli.add_arguments(repair)
+    validate = commands.add_parser("validate", help="validate an edited copy of a model against the original",
+                                   description=validate_cli.__doc__.splitlines()[0])
+    validate_cli.add_arguments(validate)
     args = parser.parse_args(argv)
     if args.command == "forensics":
         return forensics_cli.run(args)
     if args.command == "repair":
         return repair_cli.run(args)
+    if args.command == "validate":
+        return validate_cli.run(args)
     if (args.program is None) == (args.trace is None):
         parser.error("give a model file, or --trace FILE (not both)")
     if args.overwrite and not args.record:

@@ -16,12 +16,15 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from dap_server.client import DapClient, DapError, quiet_debugpy_log
-from dap_server.console_experiments import EXPERIMENT_HELP, ExperimentCommands
-from dap_server.console_result import CommandError, Result
+from dap_server.console_numerics import NumericsCommands
+from dap_server.console_result import Command, CommandError, Result
 
 HISTORY = Path.home() / ".rewind_history"
 _EXISTS = re.compile(r"exists; (send|set) overwrite")  # saveTrace's answer for an existing file
 PROMPT = "(rewind) "
+NAMES = ("Names: a bare name is a variable of the selected frame, else a program value; $name is always the "
+         "program value named name (a node's output, an input, a parameter), even where a function or a "
+         "variable has that name: print $mean, find $rsqrt.isinf().any()")
 
 
 @dataclass
@@ -42,7 +45,7 @@ class ConsoleBreakpoint:
         return f"breakpoint {self.number} at {where}{cond}{state}"
 
 
-class Console(ExperimentCommands):
+class Console(NumericsCommands):
     def __init__(self, client: DapClient, out: TextIO, json_mode: bool = False):
         self.client, self.out, self.json_mode = client, out, json_mode
         self.breakpoints: list[ConsoleBreakpoint] = []
@@ -52,20 +55,45 @@ class Console(ExperimentCommands):
         self.frame = 0  # the stack frame (where's #N) print, locals, prov and locate read; #0 again after each stop
         self.ask: Callable[[str], bool] | None = None  # a yes/no question to the user, at a terminal only
         self.recording: str | None = None  # the recording an engine left when it ended, to reopen
-        self.commands: dict[str, Callable[[str], Result | None]] = {}
-        for names, fn in [
-            (("break", "b"), self.cmd_break), (("condition",), self.cmd_condition), (("delete",), self.cmd_delete),
-            (("continue", "c"), self.cmd_continue), (("next", "n"), self.cmd_next), (("step", "s"), self.cmd_step),
-            (("finish", "out"), self.cmd_finish), (("back",), self.cmd_back), (("rc",), self.cmd_rc),
-            (("goto",), self.cmd_goto), (("print", "p", "eval"), self.cmd_print), (("locals",), self.cmd_locals),
-            (("where", "bt"), self.cmd_where), (("locate",), self.cmd_locate), (("prov",), self.cmd_prov),
-            (("up",), self.cmd_up), (("down",), self.cmd_down), (("frame", "f"), self.cmd_frame),
-            (("checkpoints",), self.cmd_checkpoints), (("restore",), self.cmd_restore), (("save",), self.cmd_save),
-            (("reopen",), self.cmd_reopen),
-            (("help", "h"), self.cmd_help), (("quit", "q", "exit"), self.cmd_quit), *self.experiment_commands(),
-        ]:
-            for name in names:
-                self.commands[name] = fn
+        # the one registry: what runs each command and what help says of it
+        self.registry: list[Command] = [*self.session_commands(), *self.numerics_commands(),
+                                        *self.experiment_commands()]
+        self.commands: dict[str, Callable[[str], Result | None]] = {
+            name: command.run for command in self.registry for name in command.names}
+
+    def session_commands(self) -> list[Command]:
+        return [
+            Command(("break", "b"), self.cmd_break, "break FILE:LINE [if COND] | break NODE|OP|MODULE|CLASS [if COND]",
+                    "set a breakpoint (without arguments: list them)"),
+            Command(("condition",), self.cmd_condition, "condition N [EXPR]", "set or clear breakpoint N's condition"),
+            Command(("delete",), self.cmd_delete, "delete N", "delete breakpoint N"),
+            Command(("continue", "c"), self.cmd_continue, "continue", "run forward to the next stop"),
+            Command(("next", "n"), self.cmd_next, "next [node|instruction]",
+                    "a line of source forward, over calls (or one node, or one chip instruction)"),
+            Command(("step", "s"), self.cmd_step, "step [node|instruction]", "a line of source forward, into calls"),
+            Command(("finish", "out"), self.cmd_finish, "finish", "run until the function returns"),
+            Command(("back",), self.cmd_back, "back [node|instruction]", "a line back, over calls (as gdb)"),
+            Command(("rc",), self.cmd_rc, "rc", "reverse-continue: back to the previous stop"),
+            Command(("goto",), self.cmd_goto, "goto FILE:LINE [N]", "go to the N-th time that line runs"),
+            Command(("print", "p", "eval"), self.cmd_print, "print EXPR",
+                    "a safe expression over tensors in the selected frame"),
+            Command(("locals",), self.cmd_locals, "locals", "the selected frame's variables"),
+            Command(("where", "bt"), self.cmd_where, "where", "the stack (* marks the selected frame)"),
+            Command(("up",), self.cmd_up, "up [N]", "select a caller's frame (#0 again after each stop)"),
+            Command(("down",), self.cmd_down, "down [N]", "select a frame towards the node about to run"),
+            Command(("frame", "f"), self.cmd_frame, "frame [N]", "select frame #N of where"),
+            Command(("locate",), self.cmd_locate, "locate NAME", "where a value lives: chip, memory, address"),
+            Command(("prov",), self.cmd_prov, "prov NAME", "who wrote a value, and its lineage"),
+            Command(("checkpoints",), self.cmd_checkpoints, "checkpoints", "list the checkpoints"),
+            Command(("restore",), self.cmd_restore, "restore TICK", "go to the checkpoint at TICK"),
+            Command(("save",), self.cmd_save, "save FILE [--overwrite]", "save the run as a trace (open it: rewind "
+                    "debug --trace FILE); an existing FILE is replaced only with --overwrite or a yes"),
+            Command(("reopen",), self.cmd_reopen, "reopen",
+                    "after the engine ended while recording: the recording, with the same breakpoints"),
+            Command(("help", "h"), self.cmd_help, "help [COMMAND] [--json]",
+                    "every command (or one) with its syntax and what it does; --json: as data"),
+            Command(("quit", "q", "exit"), self.cmd_quit, "quit", "end the session"),
+        ]
 
     # -- session ---------------------------------------------------------------------------------
     def start(self, target: dict, driver: str, entry: str) -> None:
@@ -443,20 +471,18 @@ class Console(ExperimentCommands):
         return lines[line - 1].strip() if 0 < line <= len(lines) else ""
 
     def cmd_help(self, args: str) -> Result:
-        text = """break FILE:LINE [if COND] | break NODE|OP|MODULE|CLASS   set a breakpoint (break: list them)
-condition N [EXPR]      set or clear breakpoint N's condition;  delete N
-continue | next [node|instruction] | step [node|instruction] | finish    run forward: a line of source (over
-                        calls; step: into them), one node, or one instruction (a node on torch, a chip's on sim)
-back [node|instruction] | rc        step back (a line, over calls, as gdb), reverse-continue
-goto FILE:LINE [N]      jump to the N-th time that line runs;  restore TICK: a checkpoint
-print EXPR | locals | where     inspect (safe expressions over tensors) in the selected frame
-up [N] | down [N] | frame N     select a frame of `where` (its variables; #0 again after each stop)
-locate NAME | prov NAME         where a value lives, who wrote it
-checkpoints | save FILE [--overwrite] | quit    list checkpoints; save the run as a trace (open it:
-                        rewind debug --trace FILE); an existing FILE is replaced only with --overwrite or a yes
-reopen                  after the engine ended while recording (a crash): the recording, same breakpoints
-""" + EXPERIMENT_HELP
-        return Result(text, {"commands": sorted(self.commands)})
+        """help [COMMAND] [--json]: from the registry, so every command is there; --json prints the data as JSON."""
+        words = args.split()
+        as_json = "--json" in words
+        asked = [w for w in words if w != "--json"]
+        chosen = [c for c in self.registry if not asked or asked[0] in c.names]
+        if len(asked) > 1 or not chosen:
+            raise CommandError(f"usage: help [COMMAND] [--json] (no command '{' '.join(asked)[:40]}')")
+        data = {"commands": [c.to_dict() for c in chosen], "names": NAMES}
+        if as_json:
+            return Result(json.dumps(data), data)
+        lines = [line for c in chosen for line in (c.syntax, f"    {c.summary}")]
+        return Result("\n".join(lines + ([] if asked else ["", NAMES])), data)
 
     def cmd_quit(self, args: str) -> None:
         return None

@@ -11,17 +11,9 @@ from pathlib import Path
 from typing import Callable
 
 from dap_server.client import DapClient
-from dap_server.console_result import CommandError, Result, table
+from dap_server.console_result import Command, CommandError, Result, table
 from provenance.experiments import ORIGINAL
 from provenance.repair_cli import add_loop_arguments, describe_finding, render
-
-EXPERIMENT_HELP = """patch precision NODE DTYPE | patch function NODE FILE [FUNCTION]
-patch attributes NODE KEY=VALUE ... | patch edit VALUE[I,J,...] NUMBER
-                        patch a node (name, op or module path) on a branch: add [as NAME] [in BRANCH]
-patches | unpatch NAME [in BRANCH]     list branches and patches (* installed); remove a patch
-branch NAME | undo      install a branch; undo: the recorded pass back, bit for bit
-measure [BRANCH] [--outputs] | compare BRANCH ...     errors against the reference and the original
-repair [--fix FILE ...] [--suggest] [...] | suggest [--limit N]   the repair loop (as rewind repair)"""
 
 RUN_S = 3600.0  # installing or measuring a branch runs part of the pass (minutes on a large model): only a hang fails
 REPAIR_MARGIN_S = 60.0  # the repair loop stops itself at its time limit
@@ -33,10 +25,22 @@ class ExperimentCommands:
 
     client: DapClient
 
-    def experiment_commands(self) -> list[tuple[tuple[str, ...], Callable[[str], Result]]]:
-        return [(("patch",), self.cmd_patch), (("patches",), self.cmd_patches), (("unpatch",), self.cmd_unpatch),
-                (("branch",), self.cmd_branch), (("undo",), self.cmd_undo), (("measure",), self.cmd_measure),
-                (("compare",), self.cmd_compare), (("repair",), self.cmd_repair), (("suggest",), self.cmd_suggest)]
+    def experiment_commands(self) -> list[Command]:
+        return [
+            Command(("patch",), self.cmd_patch, "patch precision NODE DTYPE | patch function NODE FILE [FUNCTION] | "
+                    "patch attributes NODE KEY=VALUE ... | patch edit VALUE[I,J,...] NUMBER, then [as NAME] "
+                    "[in BRANCH]", "patch a node (a name, an op or a module path) on a branch, and install it"),
+            Command(("patches",), self.cmd_patches, "patches", "list the branches and their patches (* installed)"),
+            Command(("unpatch",), self.cmd_unpatch, "unpatch NAME [in BRANCH]", "remove a patch"),
+            Command(("branch",), self.cmd_branch, "branch NAME", "install a branch"),
+            Command(("undo",), self.cmd_undo, "undo", "the recorded pass back, bit for bit"),
+            Command(("measure",), self.cmd_measure, "measure [BRANCH] [--outputs]",
+                    "a branch's errors against the reference and the original, node by node"),
+            Command(("repair",), self.cmd_repair, "repair [--fix FILE ...] [--suggest] [...]",
+                    "the repair loop, as rewind repair: validate fixes and record the ones that hold"),
+            Command(("suggest",), self.cmd_suggest, "suggest [--limit N]",
+                    "the knowledge base's candidate fixes for this pass's findings"),
+        ]
 
     def _request(self, command: str, arguments: dict | None = None, timeout: float = RUN_S) -> dict:
         return self.client.request(command, arguments, timeout=timeout)
@@ -83,11 +87,10 @@ class ExperimentCommands:
                                                      "nodes": "--outputs" not in words})
         return Result(describe_measurement(body), body)
 
-    def cmd_compare(self, args: str) -> Result:
-        if not args.split():
-            raise CommandError("usage: compare BRANCH [BRANCH ...] (see: patches)")
+    def compare_branches(self, args: str) -> Result:
+        """`compare BRANCH [BRANCH ...]` (the `compare` command is dap_server/console_numerics.py's)."""
         body = self._request("compareBranches", {"branches": args.split()})
-        return Result(describe_comparison(body), body)
+        return Result(describecomparison_text(body), body)
 
     def cmd_repair(self, args: str) -> Result:
         a = _REPAIR.parse(args)
@@ -225,27 +228,27 @@ def _describe_patch(patch: dict) -> str:
 def describe_measurement(m: dict) -> str:
     lines = [f"branch {m['branch']}, patched from tick {m['tick']} (errors in units of tolerance)"]
     lines += table(["output", "vs reference", "original vs reference", "vs original"],
-                   [[o["value"], _comparison(o["reference"]), _comparison(o["originalReference"]),
-                     _comparison(o["original"])] for o in m["outputs"]])
+                   [[o["value"], comparison_text(o["reference"]), comparison_text(o["originalReference"]),
+                     comparison_text(o["original"])] for o in m["outputs"]])
     if m["nodes"]:
         lines.append(f"nodes from tick {m['tick']} against the reference (* patched):")
         lines += table(["tick", "node", "op", "error", "original", "time", "original"],
-                       [[str(n["tick"]), n["node"] + ("*" if n["patch"] else ""), n["op"], _ratio(n["error"]),
-                         _ratio(n["originalError"]), _time(n["seconds"]), _time(n["originalSeconds"])]
+                       [[str(n["tick"]), n["node"] + ("*" if n["patch"] else ""), n["op"], ratio_text(n["error"]),
+                         ratio_text(n["originalError"]), _time(n["seconds"]), _time(n["originalSeconds"])]
                         for n in m["nodes"]])
     lines.append(f"time from tick {m['tick']}: {_time(m['seconds'])} (original {_time(m['originalSeconds'])})")
     return "\n".join(lines)
 
 
-def describe_comparison(c: dict) -> str:
+def describecomparison_text(c: dict) -> str:
     names = c["branches"]
     lines = ["outputs against the reference (errors in units of tolerance):"]
     lines += table(["output", ORIGINAL, *names],
-                   [[o["value"], _comparison(o["original"]), *(_comparison(o["branches"][b]["reference"])
+                   [[o["value"], comparison_text(o["original"]), *(comparison_text(o["branches"][b]["reference"])
                                                                 for b in names)] for o in c["outputs"]])
     lines.append("nodes against the reference (* the branch patches it):")
     lines += table(["tick", "node", "op", ORIGINAL, *names],
-                   [[str(n["tick"]), n["node"], n["op"], _ratio(n["original"]["error"]),
+                   [[str(n["tick"]), n["node"], n["op"], ratio_text(n["original"]["error"]),
                      *(_branch_error(n["branches"].get(b)) for b in names)] for n in c["nodes"]])
     lines.append("time from the patch point: " + ", ".join(f"{b} {_time(c['seconds'][b])}" for b in names))
     return "\n".join(lines)
@@ -264,17 +267,18 @@ def describe_suggestions(body: dict) -> str:
     return "\n".join(lines)
 
 
-def _comparison(c: dict) -> str:
+def comparison_text(c: dict) -> str:
+    """`within (0.3)` or `48 beyond (inf), 48 NaN/Inf`: a comparison against the reference, errors in tolerances."""
     state = "within" if c["within"] else f"{c['mismatches']} beyond"
     nonfinite = f", {c['nonfinite']} NaN/Inf" if c["nonfinite"] else ""
-    return f"{state} ({_ratio(c['error'])}){nonfinite}"
+    return f"{state} ({ratio_text(c['error'])}){nonfinite}"
 
 
 def _branch_error(row: dict | None) -> str:
-    return "-" if row is None else _ratio(row["error"]) + ("*" if row["patch"] else "")
+    return "-" if row is None else ratio_text(row["error"]) + ("*" if row["patch"] else "")
 
 
-def _ratio(x: float | str) -> str:
+def ratio_text(x: float | str) -> str:
     return x if isinstance(x, str) else f"{x:.3g}"
 
 

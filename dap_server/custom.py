@@ -1,5 +1,5 @@
 """Rewind's own requests (documented in docs/protocol.md): checkpoints, restoreCheckpoint, locate,
-provenance, timeline. Their arguments are strict: an unknown field is an error naming it."""
+provenance, timeline, timelineEvents. Their arguments are strict: an unknown field is an error naming it."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
+from dap_server.events import working
 from dap_server.requests import StrictArguments, request
 from hardware.errors import RewindError
+from provenance.births import births
 
 if TYPE_CHECKING:
     from dap_server.context import RequestContext  # the adapter, as far as handlers use it
@@ -71,3 +73,24 @@ def timeline(adapter: "RequestContext", args: TimelineArguments) -> dict:
     session = adapter.session
     start = session.position if args.start is None else args.start
     return {"position": session.position, "end": session.end, "ticks": session.timeline_entries(start, args.count)}
+
+
+class TimelineEventsArguments(StrictArguments):
+    start: int = Field(0, ge=0)  # first tick
+    count: int | None = Field(None, ge=0)  # ticks (default: to the end)
+
+
+@request("timelineEvents")
+def timeline_events(adapter: "RequestContext", args: TimelineEventsArguments) -> dict:
+    """What happens where, merged by tick: the stops breakpoints make, the births of NaN/Inf (a write of non-finite
+    values its inputs did not carry), the checkpoints. The pass is run to its end first."""
+    with working(adapter, "Listing the timeline's events"):
+        session = adapter.session
+        stop = session.end + 1 if args.count is None else args.start + args.count
+        events = [{"event": "checkpoint", **c} for c in session.checkpoints() if args.start <= c["tick"] < stop]
+        events += [{"event": "stop", "tick": s.tick, "reason": s.reason, "description": s.description,
+                    "breakpoints": list(s.breakpoint_ids)} for s in session.breakpoint_stops(args.start, stop)]
+        events += [{"event": "birth", **b.to_dict()} for b in births(session.tl, session.program)
+                   if args.start <= b.tick < stop]
+    return {"position": session.position, "end": session.end, "start": args.start, "stop": min(stop, session.end + 1),
+            "events": sorted(events, key=lambda e: e["tick"])}

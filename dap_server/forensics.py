@@ -14,6 +14,8 @@ from hardware.errors import RewindError
 from hardware.program import Node
 from provenance.ablation import DEFAULT_MAX_TRIALS, ablate, search
 from provenance.experiments import nodes_named
+from provenance.origins import trace_origin, traced_dict
+from provenance.writelog import NO_SOURCE
 
 if TYPE_CHECKING:
     from dap_server.context import RequestContext  # the adapter, as far as handlers use it
@@ -29,16 +31,25 @@ class CompareWithReferenceArguments(StrictArguments):
 
 @request("compareWithReference")
 def compare_with_reference(adapter: "RequestContext", args: CompareWithReferenceArguments) -> dict:
-    """The per-node table: each floating output of each node against the reference."""
+    """The per-node table: each floating output of each node against the reference; with `introduced`, each row's
+    `verdict`: `within` tolerance, `introduced` (the node makes that error on the reference's inputs) or `inherited`
+    (its inputs brought it)."""
     with working(adapter, "Comparing with the reference"):
         f = adapter.session.forensics
         rows = f.table(args.start, args.count, args.introduced)
         outputs = [c.to_dict() for c in f.outputs()]
+    for row in rows:
+        if row["source"] is None:
+            row["sourceReason"] = NO_SOURCE
+        if args.introduced:
+            row["verdict"] = "within" if row["within"] else "introduced" if not row["introduced"]["within"] \
+                else "inherited"
     return {"reference": f.spec, "rows": rows, "outputs": outputs}
 
 
 class FirstDivergenceArguments(StrictArguments):
     start: int = Field(0, ge=0)  # look from this tick on
+    origin: bool = True  # trace the error upstream to where it was introduced (a few ablations)
 
 
 @request("firstDivergence")
@@ -47,7 +58,15 @@ def first_divergence(adapter: "RequestContext", args: FirstDivergenceArguments) 
     with working(adapter, "Looking for the first divergence"):
         f = adapter.session.forensics
         found = f.first_divergence(args.start)
-    return {"reference": f.spec, "divergence": found.to_dict() if found else None}
+    if found is None:
+        return {"reference": f.spec, "divergence": None, "divergenceReason": f"no node from tick {args.start} on "
+                "leaves the reference's tolerance by error it introduced or that crosses the line there"}
+    if not args.origin:
+        return {"reference": f.spec, "divergence": {**found.to_dict(), "origin": None,
+                                                    "originReason": "not asked for (origin: false)"}}
+    with working(adapter, "Tracing the error upstream"):
+        origin, note = trace_origin(f, found)
+    return {"reference": f.spec, "divergence": traced_dict(found, origin, note)}
 
 
 class AblatePrecisionArguments(StrictArguments):
@@ -71,7 +90,11 @@ def ablate_precision(adapter: "RequestContext", args: AblatePrecisionArguments) 
     with working(adapter, "Precision ablation"):
         f = adapter.session.forensics
         if args.search:
-            return {"search": search(f, args.dtype, args.maxTrials).to_dict()}
+            searched = search(f, args.dtype, args.maxTrials).to_dict()
+            if searched["found"] is None:
+                searched["foundReason"] = searched["note"] or f"no set of nodes tried in {searched['trials']} " \
+                                                              "trial(s) fixed the outputs"
+            return {"search": searched}
         nodes = _span(adapter, args.span) if args.span else _named(adapter, args.nodes)
         return {"ablation": ablate(f, nodes, args.dtype).to_dict()}
 

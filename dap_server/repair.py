@@ -16,6 +16,7 @@ from provenance.inputs import DEFAULT_SCALES, DEFAULT_SEEDS, DEFAULT_SHAPES, Inp
 from provenance.investigation import investigate
 from provenance.knowledge import KnowledgeBase
 from provenance.repair import DEFAULT_ATTEMPTS, DEFAULT_SECONDS, FixText, RepairLimits, RepairLoop, findings_of
+from provenance.repair_cli import with_source_diffs
 
 if TYPE_CHECKING:
     from dap_server.context import RequestContext  # the adapter, as far as handlers use it
@@ -45,7 +46,8 @@ def repair(adapter: "RequestContext", args: RepairArguments) -> dict:
         loop = RepairLoop(adapter.session, KnowledgeBase(_knowledge(adapter, args.knowledge)), limits,
                           InputPlan(args.seeds, tuple(args.scales), args.shapes))
         fixes = [FixText(f.text, text_file(f.text, f.name), f.name) for f in args.fixes]
-        return loop.run(fixes, suggest=args.suggest if args.suggest is not None else not fixes)
+        report = loop.run(fixes, suggest=args.suggest if args.suggest is not None else not fixes)
+        return with_source_diffs(report, loop)  # the validated fix as a diff of the model's source
 
 
 class SuggestFixesArguments(StrictArguments):

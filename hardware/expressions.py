@@ -2,8 +2,9 @@
 
 Python syntax, checked node by node against a whitelist before anything runs: names of
 live values, numbers, indexing and slicing, arithmetic, comparisons, boolean logic, and a
-fixed set of numeric functions and tensor methods. No imports, no attribute beyond the
-whitelist, no dunder access, no lambdas or comprehensions: nothing that reaches code.
+fixed set of numeric functions and tensor methods. `$name` is always the Program value `name`,
+whatever function or variable shares its name. No imports, no attribute beyond the whitelist, no
+dunder access, no lambdas or comprehensions: nothing that reaches code.
 
 Nothing an expression computes may cost more than a debugger's glance: before each operation
 runs, the size of its result is predicted and refused past a limit (an integer's digits, a
@@ -17,9 +18,12 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
+import io
 import math
 import operator
 import re
+import tokenize
 from typing import Any, Callable, Mapping
 
 import torch
@@ -34,6 +38,8 @@ MAX_ELEMENTS = 2**26  # elements of a tensor result
 MAX_BYTES = 256 * 2**20  # bytes of a tensor result
 MAX_MULTIPLY_ADDS = 2**36  # of one matmul
 MAX_ROUND_DIGITS = 1300
+MAX_BINS = 65536  # of a histc()
+MAX_QUANTILE_VALUES = 2**24  # values quantile() sorts (torch's own limit)
 ECHO = 80  # characters of the user's text quoted in an error about part of it
 ECHO_WHOLE = 200  # ... about all of it
 _MAX_DIGITS = int(MAX_INT_BITS * math.log10(2))
@@ -47,6 +53,8 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "amin": torch.amin, "argmax": torch.argmax, "argmin": torch.argmin, "norm": torch.linalg.norm,
     "allclose": torch.allclose, "where": torch.where, "count_nonzero": torch.count_nonzero,
     "maximum": torch.maximum, "minimum": torch.minimum, "matmul": torch.matmul, "topk": torch.topk,
+    "nonzero": torch.nonzero, "diagonal": torch.diagonal, "pow": torch.pow, "histc": torch.histc,
+    "quantile": torch.quantile, "isclose": torch.isclose,
     "cosine": lambda a, b: torch.nn.functional.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0),
     "float": float, "int": int, "bool": bool, "len": len, "min": min, "max": max, "round": round,
 }
@@ -58,7 +66,8 @@ METHODS = {
     "isfinite", "flatten", "reshape", "view", "transpose", "permute", "t", "exp", "log", "sqrt", "tolist",
     "numel", "dim", "size", "count_nonzero", "clamp", "round", "sign", "square", "softmax", "topk", "sort",
     "squeeze", "unsqueeze", "contiguous", "diff", "cumsum", "prod", "allclose", "eq", "ne", "lt", "le",
-    "gt", "ge", "nan_to_num", "nansum", "nanmean", "median",
+    "gt", "ge", "nan_to_num", "nansum", "nanmean", "median", "nonzero", "diagonal", "pow", "histc", "quantile",
+    "where", "isclose",
 }
 ATTRIBUTES = {"shape", "dtype", "T", "ndim", "real", "imag", "mT"}
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -87,27 +96,79 @@ _EXCEPTION_NAMES = re.compile(r"\b(?:%s)\b:?\s*" % "|".join(sorted(
 
 
 
+class UndefinedNameError(ExpressionError):
+    """A name of the expression is not defined at this tick (a variable not assigned yet, a value not written yet)."""
+
+
+PROGRAM_VALUE = "$"  # `$div`: the Program value `div`, even where a function, a constant or a variable has its name
+_DOLLAR = "'$' goes right before a value's name, as in $div"
+
+
 def compile_expression(text: str) -> ast.Expression:
-    """Parse and check an expression; raises ExpressionError naming what is refused."""
+    """Parse and check an expression; raises ExpressionError naming what is refused.
+
+    Each name written `$name` is a Name node marked `program_value`; the tree's `program_values` holds their
+    (line, column) so messages can quote them as written."""
     if not isinstance(text, str):
         raise ExpressionError("an expression must be text")
     if len(text) > MAX_LENGTH:
         raise ExpressionError(f"the expression has {len(text)} characters; expressions are limited to {MAX_LENGTH}")
+    return _compiled(text.strip())
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(text: str) -> ast.Expression:
+    """compile_expression's work, once per text: a scan (`find`) evaluates one expression at many ticks."""
+    source, marked = _program_values(text)
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        tree = ast.parse(source, mode="eval")
     except SyntaxError as exc:
         raise ExpressionError(f"syntax error in '{echo(text, ECHO_WHOLE)}': {_clean(exc.msg)}") from None
     except (ValueError, RecursionError, MemoryError):
         raise ExpressionError(f"'{echo(text, ECHO_WHOLE)}' is not an expression Rewind can read "
                               "(it nests too deeply or holds characters Python does not accept)") from None
+    found = 0
     stack: list[tuple[ast.AST, int]] = [(tree, 0)]
     while stack:  # iterative: the tree may be deeper than the evaluator may recurse
         node, depth = stack.pop()
         if depth > MAX_DEPTH:
             raise ExpressionError(f"the expression nests too deeply (more than {MAX_DEPTH} levels)")
         _check(node)
+        if isinstance(node, ast.Name) and (node.lineno, node.col_offset) in marked:
+            node.program_value = True
+            found += 1
         stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    if found != len(marked):  # a `$` before an attribute (x.$y): not a value's name
+        raise ExpressionError(f"{_DOLLAR} (got '{echo(text, ECHO_WHOLE)}')")
+    tree.program_values = marked
     return tree
+
+
+def _program_values(text: str) -> tuple[str, frozenset[tuple[int, int]]]:
+    """`text` with each `$` outside string constants made a space (so every byte keeps its column; one that opens
+    the text, a parenthesis closed at the end, since an expression may not start with a space), and the
+    (line, byte column) of the name each one marks."""
+    if PROGRAM_VALUE not in text:
+        return text, frozenset()
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return text, frozenset()  # the parser says what is wrong with it
+    lines = io.StringIO(text).readlines()
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+    chars, marked = list(text), set()
+    for token, following in zip(tokens, tokens[1:]):
+        if token.type == tokenize.ERRORTOKEN and token.string == PROGRAM_VALUE:
+            row, col = token.start
+            if following.type != tokenize.NAME or following.start != (row, col + 1):
+                raise ExpressionError(f"{_DOLLAR} (got '{echo(text, ECHO_WHOLE)}')")
+            chars[starts[row - 1] + col] = " "
+            marked.add((row, len(lines[row - 1][:col + 1].encode())))
+    if chars[0] == " ":
+        chars[0], chars[-1] = "(", chars[-1] + "\n)"  # on a line of its own: the text may end in a comment
+    return "".join(chars), frozenset(marked)
 
 
 def _check(node: ast.AST) -> None:
@@ -120,7 +181,7 @@ def _check(node: ast.AST) -> None:
         if node.attr.startswith("_"):
             raise ExpressionError(f"attribute '{echo(node.attr)}' is not allowed")
         if node.attr not in ATTRIBUTES and node.attr not in METHODS:
-            raise ExpressionError(f"attribute '{echo(node.attr)}' is not in the allowed set")
+            raise ExpressionError(f"attribute '{echo(node.attr)}' is not in the allowed set ({allowed_methods()})")
     if isinstance(node, ast.Constant) and isinstance(node.value, (bytes, str)) and len(node.value) > 64:
         raise ExpressionError("string constants are limited to 64 characters")
     if isinstance(node, ast.BinOp) and type(node.op) not in _BINOPS:
@@ -132,20 +193,47 @@ def _check(node: ast.AST) -> None:
 
 
 def evaluate(text: str, names: Mapping[str, Any], stop: Callable[[], bool] | None = None) -> Any:
-    """Evaluate a checked expression; `names` maps value names to tensors (looked up lazily).
+    """Evaluate a checked expression; `names` maps value names to tensors (looked up lazily), and `$name` keys
+    to the Program value `name` (what `$name` in the expression reads).
 
     `stop` is asked between operations; when it answers true, evaluation ends with an ExpressionError."""
     tree = compile_expression(text)
-    evaluator = _Evaluator(names, text.strip(), stop)
+    evaluator = _Evaluator(names, text.strip(), stop, tree.program_values)
     result = evaluator.visit(tree.body)
     if callable(result):
-        raise ExpressionError(f"'{echo(text.strip())}' is a function: call it, as in sum(x)")
+        raise ExpressionError(f"'{echo(text.strip())}' is a function: call it, as in sum(x){_value_hint(tree, names)}")
     return result
 
 
+def _value_hint(tree: ast.Expression, names: Mapping[str, Any]) -> str:
+    """For a bare function name that is also a Program value's: how to read the value."""
+    name = tree.body.id if isinstance(tree.body, ast.Name) else None
+    if name is None or PROGRAM_VALUE + name not in names:
+        return ""
+    return f"; the program value named '{name}' is ${name}"
+
+
+def expression_names(text: str) -> list[tuple[str, bool]]:
+    """The names an expression reads, each with whether it is written `$name` (functions and constants left out)."""
+    tree = compile_expression(text)
+    return [(n.id, getattr(n, "program_value", False)) for n in ast.walk(tree)
+            if isinstance(n, ast.Name) and (getattr(n, "program_value", False)
+                                            or (n.id not in FUNCTIONS and n.id not in CONSTANTS))]
+
+
+def allowed_functions() -> str:
+    """What an expression may call, as an error lists it."""
+    return f"functions: {', '.join(sorted(FUNCTIONS))}; {allowed_methods()}"
+
+
+def allowed_methods() -> str:
+    return f"tensor methods: {', '.join(sorted(METHODS))}; attributes: {', '.join(sorted(ATTRIBUTES))}"
+
+
 class _Evaluator:
-    def __init__(self, names: Mapping[str, Any], source: str, stop: Callable[[], bool] | None):
-        self.names, self.source, self.stop = names, source, stop
+    def __init__(self, names: Mapping[str, Any], source: str, stop: Callable[[], bool] | None,
+                 marked: frozenset[tuple[int, int]] = frozenset()):
+        self.names, self.source, self.stop, self.marked = names, source, stop, marked
 
     def visit(self, node: ast.AST) -> Any:
         if self.stop is not None and self.stop():
@@ -160,9 +248,11 @@ class _Evaluator:
     def text(self, node: ast.AST) -> str:
         """The part of the expression `node` was parsed from, as quoted in a message."""
         try:
-            segment = ast.get_source_segment(self.source, node)
+            segment = ast.get_source_segment(self.source, node)  # `$` became a space: the columns are the same
         except Exception:  # noqa: BLE001 -- positions are a nicety
             segment = None
+        if segment and (getattr(node, "lineno", 0), getattr(node, "col_offset", -1)) in self.marked:
+            segment = PROGRAM_VALUE + segment  # it starts at a `$name`
         return echo(segment or self.source)
 
     # -- leaves --------------------------------------------------------------------------------------
@@ -170,6 +260,12 @@ class _Evaluator:
         return node.value
 
     def visit_Name(self, node: ast.Name) -> Any:
+        if getattr(node, "program_value", False):
+            try:
+                return self.names[PROGRAM_VALUE + node.id]
+            except KeyError:
+                raise ExpressionError(f"no value named '{echo(node.id)}' in the program ($name reads a node's "
+                                      "output, an input or a parameter)") from None
         if node.id in CONSTANTS:
             return CONSTANTS[node.id]
         if node.id in FUNCTIONS:
@@ -177,7 +273,7 @@ class _Evaluator:
         try:
             return self.names[node.id]
         except KeyError:
-            raise ExpressionError(f"name '{echo(node.id)}' is not defined at this tick") from None
+            raise UndefinedNameError(f"name '{echo(node.id)}' is not defined at this tick") from None
 
     def visit_Tuple(self, node: ast.Tuple) -> Any:
         return self.admit(tuple(self.visit(e) for e in node.elts), node)
@@ -253,10 +349,12 @@ class _Evaluator:
         return getattr(obj, node.attr)
 
     def visit_Call(self, node: ast.Call) -> Any:
+        if isinstance(node.func, ast.Name) and (node.func.id not in FUNCTIONS
+                                                or getattr(node.func, "program_value", False)):
+            raise ExpressionError(f"'{self.text(node.func)}' is not a function expressions allow "
+                                  f"({allowed_functions()})")
         func = self.visit(node.func)
         if isinstance(node.func, ast.Name):
-            if node.func.id not in FUNCTIONS:
-                raise ExpressionError(f"'{echo(node.func.id)}' is not a callable function")
             name = node.func.id
         elif isinstance(node.func, ast.Attribute) and node.func.attr in METHODS:
             name = "." + node.func.attr
@@ -334,8 +432,8 @@ def _check_matmul(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
     _admit_shape(shape, torch.promote_types(a.dtype, b.dtype), [a, b], what)
 
 
-_BROADCASTING = {"where", "maximum", "minimum", "allclose", ".allclose", ".clamp", ".eq", ".ne", ".lt", ".le",
-                 ".gt", ".ge"}  # results (or intermediates) broadcast from all their tensor arguments
+_BROADCASTING = {"maximum", "minimum", "allclose", ".allclose", ".clamp", ".eq", ".ne", ".lt", ".le", ".gt", ".ge",
+                 "pow", ".pow", "isclose", ".isclose"}  # results (or intermediates) broadcast from all their tensor arguments
 _CONVERSIONS = {".float": torch.float32, ".double": torch.float64, ".half": torch.float16,
                 ".bfloat16": torch.bfloat16, ".int": torch.int32, ".long": torch.int64, ".bool": torch.bool}
 
@@ -356,11 +454,60 @@ def _check_call(name: str, owner: torch.Tensor | None, args: list, kwargs: dict,
                               f"to {MAX_SEQUENCE:,}: slice the tensor first")
     elif name == "matmul" and len(args) == 2 and all(isinstance(a, torch.Tensor) for a in args):
         _check_matmul(args[0], args[1], what)
+    elif name.lstrip(".") in _SIZED:
+        operands = [owner, *args] if owner is not None else list(args)
+        if operands and isinstance(operands[0], torch.Tensor):
+            _SIZED[name.lstrip(".")](operands, kwargs, what)
+    elif name == "pow" and not any(isinstance(a, torch.Tensor) for a in (*args, *kwargs.values())):
+        raise ExpressionError(f"{what}: pow() takes a tensor; for two numbers write a ** b")
     elif name in _BROADCASTING:
         operands = [owner, *args, *kwargs.values()] if owner is not None else [*args, *kwargs.values()]
         _check_broadcast([a for a in operands if isinstance(a, (torch.Tensor, int, float, bool))], what)
     elif name in _CONVERSIONS and owner is not None:
         _admit_shape(owner.shape, _CONVERSIONS[name], [owner], what)
+
+
+def _check_nonzero(operands: list, kwargs: dict, what: str) -> None:
+    """nonzero(x) (and where(x)): one index per dimension for each nonzero element, counted before it runs."""
+    x = operands[0]
+    _admit_shape((int(torch.count_nonzero(x)), x.dim()), torch.int64, [], what)
+
+
+def _check_where(operands: list, kwargs: dict, what: str) -> None:
+    if len(operands) == 1 and not kwargs:
+        _check_nonzero(operands, kwargs, what)  # where(condition): the indices where it holds
+    else:
+        _check_broadcast([a for a in (*operands, *kwargs.values()) if isinstance(a, (torch.Tensor, int, float,
+                                                                                     bool))], what)
+
+
+def _check_histc(operands: list, kwargs: dict, what: str) -> None:
+    bins = kwargs.get("bins", operands[1] if len(operands) > 1 else 100)
+    if isinstance(bins, int) and not 1 <= bins <= MAX_BINS:
+        raise ExpressionError(f"{what} asks for {bins:,} bins; a histogram in an expression has 1 to {MAX_BINS:,}")
+
+
+def _check_quantile(operands: list, kwargs: dict, what: str) -> None:
+    n = operands[0].numel()
+    if n > MAX_QUANTILE_VALUES:
+        raise ExpressionError(f"{what} would sort {n:,} values; quantile() takes at most {MAX_QUANTILE_VALUES:,}: "
+                              "slice the tensor first")
+
+
+def _check_topk(operands: list, kwargs: dict, what: str) -> None:
+    x = operands[0]
+    k = kwargs.get("k", operands[1] if len(operands) > 1 else None)
+    dim = kwargs.get("dim", operands[2] if len(operands) > 2 else -1)
+    if not (isinstance(k, int) and isinstance(dim, int)) or x.dim() == 0 or not -x.dim() <= dim < x.dim():
+        return  # torch says what is wrong with them
+    size = x.shape[dim]
+    if not 0 <= k <= size:
+        raise ExpressionError(f"{what} asks for the top {k:,}; dimension {dim} has {size:,} elements")
+
+
+_SIZED: dict[str, Callable[[list, dict, str], None]] = {  # a result whose size its arguments decide
+    "nonzero": _check_nonzero, "where": _check_where, "histc": _check_histc, "quantile": _check_quantile,
+    "topk": _check_topk}
 
 
 def _check_broadcast(operands: list, what: str, divides: bool = False) -> None:

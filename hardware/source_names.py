@@ -575,6 +575,12 @@ class SourceScopes:
         ids = self.node_instances[node] if 0 <= node < len(self.node_instances) else ()
         return self.instances[ids[len(ids) - 1 - level]] if level < len(ids) else None
 
+    def bindings(self, name: str) -> list[str]:
+        """Every Program value a variable called `name` is bound to, in any frame instance, in the order the run
+        binds them (its history across the run: `x` of every layer)."""
+        events = [e for inst in self.instances for e in inst.events if e.name == name and isinstance(e.binding, str)]
+        return list(dict.fromkeys(e.binding for e in sorted(events, key=lambda e: e.after)))
+
     def visible(self, inst: Instance, ran: Callable[[int], bool]) -> dict[str, Event]:
         """name -> the event that bound it last, of the events for which `ran(after)` is true (in order)."""
         out: dict[str, Event] = {}

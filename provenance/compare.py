@@ -5,10 +5,16 @@ and scale is the root mean square of the reference value: an element near zero i
 of large numbers is judged against the tensor's magnitude, not its own (a rounding error of
 a few ulps of the tensor is not a divergence). NaN matches NaN and an infinity matches the
 same infinity: both passes agree there. `error` is the worst element's |a - b| in units of
-its tolerance, so a value is within tolerance exactly when error <= 1.
+its tolerance, so a value is within tolerance exactly when error <= 1. A NaN this pass has where the
+reference has none is a mismatch (its error is infinite). The cosine is of two vectors of numbers: it
+is undefined (None, with its reason) when either side holds NaN/Inf.
 
-A value is judged at the precision of the data it carries: a float32 value computed from
-float16 values is no more accurate than float16 (`carried_precision`).
+A value is judged at a precision no stricter than what the user compiles for (`judged_precision`):
+the program's outputs at the less precise of their declared dtype and the compute precision (the
+least precise floating dtype among the parameters and floating inputs), whatever dtypes the data
+went through on the way; a value inside the program at the less precise of that compute precision
+and the data it carries (a float32 value computed from float16 values is no more accurate than
+float16). So a fix that runs a float16 model's reduction in float32 is judged as the model is.
 """
 
 from __future__ import annotations
@@ -61,21 +67,31 @@ class Comparison:
     max_abs: float
     max_rel: float
     rmse: float
-    cosine: float
+    cosine: float | None  # None when either side holds NaN/Inf (COSINE_UNDEFINED)
     mismatches: int
     first_mismatch: tuple[int, ...] | None
     error: float  # the worst element's |a - b| over its tolerance: <= 1 is within tolerance
     nonfinite: int = 0  # NaN/Inf elements in this pass (where the reference has them too, they match)
+    reference_nonfinite: int = 0  # NaN/Inf elements in the reference
 
     @property
     def within(self) -> bool:
         return self.mismatches == 0
 
     def to_dict(self) -> dict:
-        return json_safe({"value": self.value, "dtype": self.dtype, "rtol": self.rtol, "atol": self.atol,
-                          "maxAbs": self.max_abs, "maxRel": self.max_rel, "rmse": self.rmse, "cosine": self.cosine,
-                          "mismatches": self.mismatches, "firstMismatch": self.first_mismatch, "error": self.error,
-                          "nonfinite": self.nonfinite, "within": self.within})
+        """JSON: `nonfinite` counts this pass's NaN/Inf elements, `referenceNonfinite` the reference's."""
+        out = {"value": self.value, "dtype": self.dtype, "rtol": self.rtol, "atol": self.atol, "maxAbs": self.max_abs,
+               "maxRel": self.max_rel, "rmse": self.rmse, "cosine": self.cosine, "mismatches": self.mismatches,
+               "firstMismatch": self.first_mismatch, "error": self.error, "nonfinite": self.nonfinite,
+               "referenceNonfinite": self.reference_nonfinite, "within": self.within}
+        if self.cosine is None:
+            out["cosineReason"] = COSINE_UNDEFINED
+        if self.first_mismatch is None:
+            out["firstMismatchReason"] = "no element is beyond tolerance"
+        return json_safe(out)
+
+
+COSINE_UNDEFINED = "this pass or the reference holds NaN/Inf: the cosine of the two is undefined"
 
 
 def carried_precision(program: Program) -> dict[str, str]:
@@ -90,6 +106,37 @@ def carried_precision(program: Program) -> dict[str, str]:
             own = program.values[name].dtype
             out[name] = max([own] + carried, key=_eps) if own in DEFAULT_TOLERANCES else own
     return out
+
+
+def abs_tolerance(ref: torch.Tensor, rtol: float, atol: float) -> float:
+    """The smallest absolute difference `compare` counts as beyond tolerance anywhere in `ref`: what a value is
+    sensitive to, in its own units (an element near zero is judged against the value's root mean square)."""
+    finite = ref.detach().double().reshape(-1)
+    finite = finite[torch.isfinite(finite)]
+    return atol + rtol * (float(finite.square().mean().sqrt()) if finite.numel() else 0.0)
+
+
+def judged_precision(program: Program) -> dict[str, str]:
+    """Value -> the dtype whose tolerance it is judged at (see the module's docstring)."""
+    carried, compute = carried_precision(program), compute_precision(program)
+    outputs = set(program.outputs)
+    out = {}
+    for name, dtype in carried.items():
+        if dtype not in DEFAULT_TOLERANCES:
+            out[name] = dtype
+            continue
+        own = program.values[name].dtype if name in outputs and program.values[name].dtype in DEFAULT_TOLERANCES \
+            else dtype
+        out[name] = max(own, compute or own, key=_eps)
+    return out
+
+
+def compute_precision(program: Program) -> str | None:
+    """The least precise floating dtype among the parameters and floating inputs: what the user compiles for
+    (None when there are none)."""
+    dtypes = [v.dtype for v in program.values.values() if v.kind in ("parameter", "input") and v.dtype in
+              DEFAULT_TOLERANCES]
+    return max(dtypes, key=_eps) if dtypes else None
 
 
 def _eps(dtype: str) -> float:
@@ -154,26 +201,28 @@ def _fields(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> dict:
     bad = (diff > bound) | torch.isinf(diff)  # an infinite difference exceeds even an infinite bound
     bad_at = bad.nonzero().reshape(-1)
     return {"max_abs": float(diff.max()) if diff.numel() else 0.0, "max_rel": _max_rel(diff, b),
-            "rmse": float(diff.square().mean().sqrt()) if diff.numel() else 0.0, "cosine": _cosine(a, b),
+            "rmse": float(diff.square().mean().sqrt()) if diff.numel() else 0.0, "cosine": None,
             "mismatches": int(bad_at.numel()), "first": bad_at[0] if bad_at.numel() else None,
-            "error": _error(diff, bound, bad), "nonfinite": int((~torch.isfinite(a)).sum())}
+            "error": _error(diff, bound, bad), "nonfinite": int((~torch.isfinite(a)).sum()),
+            "reference_nonfinite": int((~torch.isfinite(b)).sum())}
 
 
 def _finite_fields(a: torch.Tensor, b: torch.Tensor, diff: torch.Tensor, bound: torch.Tensor, finite: bool) -> dict:
     """The same measures from a `_deviation`, in a third of the passes over the data: no NaN to agree on."""
     if not a.numel():
-        return {"max_abs": 0.0, "max_rel": 0.0, "rmse": 0.0, "cosine": _cosine(a, b), "mismatches": 0,
-                "first": None, "error": 0.0, "nonfinite": 0}
+        return {"max_abs": 0.0, "max_rel": 0.0, "rmse": 0.0, "cosine": 1.0, "mismatches": 0,
+                "first": None, "error": 0.0, "nonfinite": 0, "reference_nonfinite": 0}
     bad = diff > bound
     mismatches = int(bad.sum())
     max_abs = float(diff.max())
     nonfinite = 0 if finite else int((~torch.isfinite(a)).sum())
+    reference_nonfinite = 0 if finite else int((~torch.isfinite(b)).sum())
     return {"max_abs": max_abs,
             "max_rel": float((diff / b.abs()).nan_to_num_(nan=0.0, posinf=math.inf).max()) if max_abs else 0.0,
             "rmse": float(diff.square().mean().sqrt()), "mismatches": mismatches,
-            "cosine": _cosine(a, b, finite=not nonfinite),
+            "cosine": _cosine(a, b) if finite else None,
             "first": bad.view(torch.uint8).argmax() if mismatches else None,
-            "error": _finite_error(diff, bound), "nonfinite": nonfinite}
+            "error": _finite_error(diff, bound), "nonfinite": nonfinite, "reference_nonfinite": reference_nonfinite}
 
 
 def _finite_error(diff: torch.Tensor, bound: torch.Tensor) -> float:
@@ -192,11 +241,8 @@ def _max_rel(diff: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.where(diff == 0, 0.0, diff / b.abs()).nan_to_num(nan=math.inf, posinf=math.inf).max())
 
 
-def _cosine(a: torch.Tensor, b: torch.Tensor, finite: bool = False) -> float:
-    """The cosine of the elements finite in both (`finite`: every element is)."""
-    if not finite:
-        both = torch.isfinite(a) & torch.isfinite(b)
-        a, b = a[both], b[both]
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The cosine of two finite vectors."""
     na, nb = float(a.norm()), float(b.norm())
     if na == 0.0 or nb == 0.0:
         return 1.0 if na == nb else 0.0

@@ -31,6 +31,26 @@ def log_clamped(x):
     return torch.log(x.clamp_min(torch.finfo(x.dtype).tiny))
 
 
+def log_softmax_for_softmax(x, dim, *rest):
+    """log(softmax(x)) as log_softmax(x): a probability that underflows to 0 has a finite log, not -inf."""
+    return torch.log_softmax(x, dim)
+
+
+def log_sigmoid_of_negated(z):
+    """log(1 - sigmoid(z)) as logsigmoid(-z): 1 - sigmoid(z) rounds to 0 for large z; its log is about -z."""
+    return torch.nn.functional.logsigmoid(-z)
+
+
+def log_sigmoid(z):
+    """log(sigmoid(z)) as logsigmoid(z): sigmoid(z) underflows to 0 for very negative z; its log is about z."""
+    return torch.nn.functional.logsigmoid(z)
+
+
+def log_already_taken(x, *rest):
+    """A node between a stable log form and the log it replaces: its argument already is the log."""
+    return x
+
+
 def sqrt_clamped(x):
     return torch.sqrt(x.clamp_min(0.0))
 

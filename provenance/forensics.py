@@ -7,13 +7,19 @@ compare with the reference's output. A node diverges when its observed error is 
 tolerance and either it introduced that much itself, or none of its inputs was beyond
 tolerance yet (the error crossed the line here: an accumulation). Introduced errors depend
 only on the reference and on how the node runs (its patch), so they are computed once.
+
+The NaN/Inf that matters is the first birth (provenance/births.py) that reaches an output or that
+the reference does not share: a -inf written on purpose and absorbed before any output (T5's
+log(0), discarded by a `where`) is no problem. A node that is both a birth and a divergence gets
+one diagnosis, the NaN/Inf one. Where a divergence's error came from upstream is
+provenance/origins.py's question.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 import torch
 
@@ -21,7 +27,8 @@ from hardware.driver import cast, from_host, to_host
 from hardware.errors import RewindError
 from hardware.events import ExceptionDetails, ProgressAfter
 from hardware.program import Node
-from provenance.compare import Comparison, Tolerance, carried_precision, compare
+from provenance.births import Birth, births, record_to_end, writes_infinity
+from provenance.compare import Comparison, Tolerance, compare, judged_precision
 from provenance.handed import SessionView
 from provenance.lineage import descendants, lineage
 from provenance.patterns import Evidence, Match, classify
@@ -50,8 +57,9 @@ class Finding:
         return {"file": loc.file, "line": loc.line} if loc else None
 
     def to_dict(self) -> dict:
+        """JSON; `count` is this pass's bad elements (NaN/Inf, or beyond tolerance), and every null says why."""
         d = self.details
-        return {
+        out = {
             "kind": self.kind, "tick": self.tick, "node": self.node.name, "op": self.node.op,
             "module": self.node.module_path, "source": self.source, "value": d.value, "count": d.count,
             "firstIndex": list(d.first_index) if d.first_index is not None else None, "inputs": d.inputs,
@@ -60,6 +68,20 @@ class Finding:
             "pattern": self.match.to_dict() if self.match else None,
             "referenceAgrees": self.reference_agrees, "growth": self.growth,
         }
+        return {**out, **{f"{k}Reason": why for k, why in _NULL_REASONS[self.kind].items() if out[k] is None}}
+
+
+_NULL_REASONS = {
+    "nonfinite": {"source": "the node has no source line", "firstIndex": "no element is NaN/Inf",
+                  "observed": "not compared with the reference (no reference pass asked for)",
+                  "introduced": "a NaN/Inf birth is not rerun on the reference's inputs: its inputs are finite",
+                  "pattern": "none of the known failure patterns matches",
+                  "referenceAgrees": "not compared with the reference (no reference pass asked for)"},
+    "divergence": {"source": "the node has no source line", "firstIndex": "no element is beyond tolerance",
+                   "observed": "no floating output", "introduced": "no floating output",
+                   "pattern": "none of the known failure patterns matches",
+                   "referenceAgrees": "only a NaN/Inf birth is checked for the reference's own NaN/Inf"},
+}
 
 
 class Forensics:
@@ -72,10 +94,11 @@ class Forensics:
         self.program = session.program
         self.spec = reference or (options.reference if options else None) or DEFAULT_REFERENCE
         self.tolerance = tolerance or Tolerance(getattr(options, "rtol", None), getattr(options, "atol", None))
-        self.precision = carried_precision(self.program)  # the dtype each value is judged at
+        self.precision = judged_precision(self.program)  # the dtype each value is judged at
         self._reference: Reference | None = None
         self._introduced: dict[tuple, list[Comparison]] = {}
         self._outputs: dict[tuple, list[Comparison]] = {}  # by the outputs' recorded digests
+        self._births: tuple[tuple, list[Birth]] | None = None  # (the pass's shape, its births)
 
     # -- the reference ---------------------------------------------------------------------------------
     @property
@@ -96,11 +119,7 @@ class Forensics:
 
     def record_to_end(self) -> None:
         """Execute what the pass has not run yet, leaving the position where the user has it."""
-        tl = self.timeline
-        if tl.frontier < tl.end:
-            position = tl.position
-            tl.seek(tl.end)
-            tl.seek(position)
+        record_to_end(self.timeline)
 
     # -- per-node errors ------------------------------------------------------------------------------
     def floating_outputs(self, node: Node) -> list[str]:
@@ -181,18 +200,30 @@ class Forensics:
             report(tick, tl.end)
         return None
 
-    def first_nonfinite(self) -> Finding | None:
-        """The first step that wrote NaN, or an Inf nobody wrote on purpose, from inputs that carried none."""
+    def births(self) -> list[Birth]:
+        """Every NaN/Inf born in this pass (provenance/births.py), remembered while the pass stays as it is."""
         tl = self.timeline
-        self.record_to_end()
-        after = -1
-        while (rec := tl.log.first_nonfinite(after)) is not None:
-            after = rec.tick
-            node = tl.node_at(rec.tick)
-            details = self.session.nonfinite_at(rec.tick)
-            if node is None or details is None or (details.filter == "inf" and _writes_infinity(node)):
-                continue
-            return self._finding("nonfinite", rec.tick, node, None, None, details)
+        key = (tl.end, len(tl.log), tuple(sorted(tl.patches)))
+        if self._births is None or self._births[0] != key:
+            self._births = (key, births(tl, self.program))
+        return self._births[1]
+
+    def harmless(self, birth: Birth) -> bool:
+        """A birth absorbed before any output that the reference has too: written on purpose (T5's log(0) = -inf,
+        discarded by a `where`), so no problem."""
+        return not birth.reaches_output and self.reference_has(birth.value, birth.tick)
+
+    def reference_has(self, value: str, tick: int) -> bool:
+        """Is the reference non-finite wherever this pass's `value` (written at `tick`) is?"""
+        bad = ~torch.isfinite(self.test_value(value, tick + 1))
+        return bool((~torch.isfinite(self.reference.value(value)[bad])).all())
+
+    def first_nonfinite(self) -> Finding | None:
+        """The first NaN/Inf birth that is a problem: it reaches an output, or the reference does not share it."""
+        for birth in self.births():
+            if not self.harmless(birth):
+                details = self.session.nonfinite_at(birth.tick, (birth.kind,))
+                return self._finding("nonfinite", birth.tick, birth.node, None, None, details)
         return None
 
     def explain(self, details: ExceptionDetails, tick: int) -> dict:
@@ -201,7 +232,7 @@ class Forensics:
         node = self.timeline.node_at(tick)
         if node is None:
             return {}
-        match = classify(self._evidence("nonfinite", tick, node, details.value, None, None))
+        match = classify(self.evidence("nonfinite", tick, node, details.value, None, None))
         return {"pattern": match.to_dict() if match else None, "origin": self._origin(node, tick)}
 
     def _origin(self, node: Node, tick: int) -> dict | None:
@@ -212,7 +243,7 @@ class Forensics:
         while (rec := tl.log.first_nonfinite(after)) is not None and rec.tick < tick:
             after = rec.tick
             born = tl.node_at(rec.tick)
-            if born is not None and born.index in upstream and not (rec.stats.nan == 0 and _writes_infinity(born)):
+            if born is not None and born.index in upstream and not (rec.stats.nan == 0 and writes_infinity(born)):
                 return {"tick": rec.tick, "node": born.name, "op": born.op, "value": rec.value,
                         "source": str(born.loc) if born.loc else None}
         return None
@@ -222,7 +253,10 @@ class Forensics:
         if details is None:
             details = self._divergence_details(tick, node, observed)
         found = Finding(kind, tick, node, details, observed, introduced)
-        found.match = classify(self._evidence(kind, tick, node, details.value, observed, introduced))
+        # One diagnosis per node: a node that wrote NaN/Inf its inputs did not carry is diagnosed as that
+        # (an fp16 overflow is `overflow`), when it is found as a divergence too.
+        diagnosed = "nonfinite" if kind == "nonfinite" or self.session.nonfinite_at(tick) else kind
+        found.match = classify(self.evidence(diagnosed, tick, node, details.value, observed, introduced))
         return found
 
     def _divergence_details(self, tick: int, node: Node, observed: Comparison) -> ExceptionDetails:
@@ -230,19 +264,18 @@ class Forensics:
         return ExceptionDetails("divergence", node.name, node.op, str(node.loc) if node.loc else None, observed.value,
                                 observed.mismatches, observed.first_mismatch, inputs)
 
-    def _evidence(self, kind: str, tick: int, node: Node, value: str, observed: Comparison | None,
+    def evidence(self, kind: str, tick: int, node: Node, value: str, observed: Comparison | None,
                   introduced: Comparison | None) -> Evidence:
         inputs = {n: self.test_value(n, tick) for n in node.input_names()}
+        producers = {n: self.program.nodes[p].op_short for n in inputs
+                     if (p := self.program.values[n].producer) is not None}
         return Evidence(kind, node, self.program.values[value].dtype, inputs, self.test_value(value, tick + 1),
-                        observed, introduced, _chain(self.program, node))
+                        observed, introduced, _chain(self.program, node), producers)
 
     def with_reference(self, found: Finding) -> Finding:
         """Add what the reference says about a NaN/Inf finding: does it have the same non-finite values?"""
-        ref = self.reference.value(found.details.value)
-        test = self.test_value(found.details.value, found.tick + 1)
-        bad = ~torch.isfinite(test)
-        found.reference_agrees = bool((~torch.isfinite(ref[bad])).all())
-        found.observed = self._compare(found.details.value, test)
+        found.reference_agrees = self.reference_has(found.details.value, found.tick)
+        found.observed = self._compare(found.details.value, self.test_value(found.details.value, found.tick + 1))
         return found
 
     # -- growth ---------------------------------------------------------------------------------------
@@ -318,19 +351,6 @@ def _chain(program, node: Node) -> int:
         if not same:
             return count
         node, count = same[0], count + 1
-
-
-def _writes_infinity(obj: Any) -> bool:
-    """Is an infinity written into a node's arguments as a constant (a mask filled with -inf)?"""
-    if isinstance(obj, Node):
-        return _writes_infinity((obj.args, obj.kwargs))
-    if isinstance(obj, float):
-        return math.isinf(obj)
-    if isinstance(obj, (tuple, list)):
-        return any(_writes_infinity(o) for o in obj)
-    if isinstance(obj, dict):
-        return any(_writes_infinity(o) for o in obj.values())
-    return False
 
 
 def is_floating(dtype: str) -> bool:

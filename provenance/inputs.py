@@ -4,7 +4,8 @@
   keeps its mean and spread, so a nearly constant row stays nearly constant); integer inputs
   (token ids) drawn uniformly from the example's range; boolean inputs (masks) kept: they are
   the program's structure, not its data;
-- value ranges: the example's floating inputs scaled down and up (within the dtype's range);
+- value ranges: the example's floating inputs scaled down and up (within the dtype's range), far
+  enough (x0.125 to x8) that a band-aid which only moves an underflow or overflow further out fails;
 - shapes: a dimension size of the example inputs doubled wherever it occurs, the example's values
   tiled into it (a shape set varies the shape alone). torch.export exported the Program for the
   example's shapes, so another shape is exported again from the model file (its entry builds the
@@ -27,7 +28,7 @@ from hardware.frontends.torch_export import export_program, load_module
 from hardware.program import Program
 
 DEFAULT_SEEDS = 2
-DEFAULT_SCALES = (0.5, 2.0)
+DEFAULT_SCALES = (0.125, 0.5, 2.0, 8.0)  # 8 is where float64 band-aids of float32 underflow
 DEFAULT_SHAPES = 1
 SHAPE_TRIES = 3  # exports tried at most for the shape sets
 

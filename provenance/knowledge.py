@@ -19,6 +19,7 @@ import json
 import os
 import tempfile
 from collections import deque
+from itertools import chain
 from pathlib import Path
 from typing import Iterator
 
@@ -63,7 +64,32 @@ class KnowledgeBase:
             raise RewindError(f"the knowledge base {echo(str(self.path), 200)} is not JSON: {exc}") from None
         if not isinstance(saved, dict) or saved.get("format") != FORMAT or not isinstance(saved.get("fixes"), list):
             raise RewindError(f"{self.path} is not a knowledge base of fixes (format {FORMAT})")
-        return saved["fixes"]
+        return [self._migrated(i, e) for i, e in enumerate(saved["fixes"], 1)]
+
+    def _migrated(self, number: int, entry: object) -> dict:
+        """An entry as read, checked field by field, with the evidence an older file did not keep filled in
+        (its validations passed on the input sets it lists; it was never rejected)."""
+        where = f"the knowledge base {echo(str(self.path), 200)}: entry {number}"
+        if not isinstance(entry, dict):
+            raise RewindError(f"{where} is not a recorded fix")
+        for key, kind in (("pattern", str), ("name", str), ("patches", list), ("validations", int)):
+            if not isinstance(entry.get(key), kind) or isinstance(entry.get(key), bool):
+                raise RewindError(f"{where} has no valid '{key}'")
+        for t in entry["patches"]:
+            _check_template(where, t)
+        entry.setdefault("origin", "fix")
+        entry.setdefault("programs", [])
+        entry.setdefault("inputs", [])
+        entry.setdefault("inputSetsPassed", entry["validations"] * len(entry["inputs"]))
+        entry.setdefault("rejections", 0)
+        entry.setdefault("rejectedFor", [])
+        for key in ("inputSetsPassed", "rejections"):
+            if not isinstance(entry[key], int) or isinstance(entry[key], bool) or entry[key] < 0:
+                raise RewindError(f"{where}: '{key}' must be a count >= 0, got {echo(repr(entry[key]))}")
+        for key in ("programs", "inputs", "rejectedFor"):
+            if not isinstance(entry[key], list) or not all(isinstance(v, str) for v in entry[key]):
+                raise RewindError(f"{where}: '{key}' must be a list of names")
+        return entry
 
     def save(self) -> None:
         """Write the file whole and swap it in: a reader sees the old file or the new one, never half of one."""
@@ -84,26 +110,52 @@ class KnowledgeBase:
 
     # -- suggesting ----------------------------------------------------------------------------------
     def suggest(self, finding: Finding, forensics: Forensics) -> Iterator[Candidate]:
-        """Candidates for a finding: the recorded fixes of its pattern that apply here, then the built-in
-        recipes' (each once)."""
+        """Candidates for a finding, each once: the recorded fixes of its pattern that apply here and were never
+        rejected, by their evidence; then the built-in recipes'; then, last, the kinds once rejected (a recorded
+        fix that also validated, then a recipe's), so a rejection never ranks a kind above one that validated.
+        A kind that was only ever rejected is no recorded fix: it comes back only as a recipe's candidate."""
         program = forensics.program
-        seen: set[str] = set()
         pattern = finding.match.pattern.name if finding.match else None
-        recorded = sorted((e for e in self.fixes if e["pattern"] == pattern), key=lambda e: -e["validations"])
-        for entry in recorded:
-            made = _instantiate(entry, finding, program)
-            if made is not None and _key(entry["patches"]) not in seen:
-                seen.add(_key(entry["patches"]))
+        mine = [e for e in self.fixes if e["pattern"] == pattern]
+        rejected = {_key(e["patches"]) for e in mine if e["rejections"]}
+        recorded = sorted((e for e in mine if e["validations"]), key=_evidence)
+        offered = chain(((_key(e["patches"]), _instantiate(e, finding, program)) for e in recorded),
+                        ((_key(templates(m, finding, program)), m) for m in recipes.candidates(finding, forensics)))
+        seen: set[str] = set()
+        held: list[Candidate] = []
+        for key, made in offered:
+            if made is None or key in seen:
+                continue
+            seen.add(key)
+            if key in rejected:
+                held.append(made)
+            else:
                 yield made
-        for made in recipes.candidates(finding, forensics):
-            key = _key(templates(made, finding, program))
-            if key not in seen:
-                seen.add(key)
-                yield made
+        yield from held
 
     # -- recording -----------------------------------------------------------------------------------
     def record(self, finding: Finding, candidate: Candidate, program: Program, inputs: list[str]) -> dict:
-        """Record a fix that validated for this finding (again: one more validation of the same fix)."""
+        """Record a fix that passed every rule of validation on the input sets named `inputs` for this finding
+        (again: one more validation of the same fix)."""
+        with self._entry(finding, candidate, program) as entry:
+            entry["validations"] += 1
+            entry["inputSetsPassed"] += len(inputs)
+            entry["inputs"] = inputs
+            if program.name not in entry["programs"]:
+                entry["programs"].append(program.name)
+        return entry
+
+    def reject(self, finding: Finding, candidate: Candidate, program: Program, rules: list[str]) -> dict:
+        """Record that a fix was judged for this finding and rejected for breaking `rules` (validation's)."""
+        with self._entry(finding, candidate, program) as entry:
+            entry["rejections"] += 1
+            entry["rejectedFor"] = list(dict.fromkeys(entry["rejectedFor"] + rules))
+        return entry
+
+    @contextlib.contextmanager
+    def _entry(self, finding: Finding, candidate: Candidate, program: Program):
+        """The entry of this fix for this finding's pattern (a new one when there is none), updated under the
+        file's lock and saved."""
         if finding.match is None:
             raise RewindError("only a fix of a finding with a failure pattern can be recorded")
         patches = templates(candidate, finding, program)
@@ -113,13 +165,11 @@ class KnowledgeBase:
                           and _key(e["patches"]) == _key(patches)), None)
             if entry is None:
                 entry = {"pattern": finding.match.pattern.name, "name": candidate.name, "origin": candidate.origin,
-                         "patches": patches, "validations": 0, "programs": [], "inputs": inputs}
+                         "patches": patches, "validations": 0, "programs": [], "inputs": [], "inputSetsPassed": 0,
+                         "rejections": 0, "rejectedFor": []}
                 self.fixes.append(entry)
-            entry["validations"] += 1
-            if program.name not in entry["programs"]:
-                entry["programs"].append(program.name)
+            yield entry
             self.save()
-        return entry
 
 
 def templates(candidate: Candidate, finding: Finding, program: Program) -> list[dict]:
@@ -159,7 +209,10 @@ def _instantiate(entry: dict, finding: Finding, program: Program) -> Candidate |
             return None
         for i in nodes:
             patches.append(_patch(t, program, i, sources))
-    runs = f"validated {entry['validations']} time(s), on {', '.join(entry['programs'])}"
+    runs = (f"validated {entry['validations']} time(s), on {entry['inputSetsPassed']} input sets of "
+            f"{', '.join(entry['programs'])}")
+    if entry["rejections"]:
+        runs += f"; rejected {entry['rejections']} time(s): {', '.join(entry['rejectedFor'])}"
     return Candidate(entry["name"], "learned", patches, sources, runs)
 
 
@@ -170,6 +223,27 @@ def _patch(t: dict, program: Program, node: int, sources: dict[int, FunctionSour
         return AttributePatch.of(program.nodes[node], t["attributes"])
     sources[node] = FunctionSource(t["file"], t["text"], t["function"])
     return FunctionPatch(node, function_from(sources[node]), f"{t['function']} (recorded)")
+
+
+def _evidence(entry: dict) -> tuple:
+    """Most validated first; then on the most input sets; then on the most programs."""
+    return -entry["validations"], -entry["inputSetsPassed"], -len(entry["programs"])
+
+
+TEMPLATE_FIELDS = {"precision": {"dtype": str}, "attributes": {"attributes": dict},
+                   "function": {"file": str, "function": str, "text": str}}
+
+
+def _check_template(where: str, t: object) -> None:
+    """A recorded patch names a node by op and hops (or name) and says what it does, in fields of known types."""
+    if not isinstance(t, dict) or t.get("kind") not in TEMPLATE_FIELDS:
+        raise RewindError(f"{where} has a patch that is not a precision, attributes or function patch")
+    fields = {"op": str, "node": str, **TEMPLATE_FIELDS[t["kind"]]}
+    for key, kind in fields.items():
+        if not isinstance(t.get(key), kind):
+            raise RewindError(f"{where} has a {t['kind']} patch without a valid '{key}'")
+    if t.get("hops") is not None and (not isinstance(t["hops"], int) or isinstance(t["hops"], bool)):
+        raise RewindError(f"{where} has a patch whose 'hops' is not a whole number")
 
 
 def _key(patches: list[dict]) -> str:

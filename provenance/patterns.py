@@ -1,15 +1,17 @@
 """A knowledge base of numerical failure patterns: each a rule over the evidence with a suggested fix.
 
 A rule looks at one node's evidence (its op, dtypes, operand values, and the shape of its
-error against the reference) and returns the reason it matches, in words, or None. Rules are
-tried in the order they are registered; the first that matches names the finding. Add a
-pattern with the `@pattern(...)` decorator, here or from any module imported before use.
+error against the reference) and returns the reason it matches, in words, or None; or a
+(reason, fix) pair when the case has a better fix than the pattern's general one (log of a
+softmax: log_softmax). Rules are tried in the order they are registered; the first that
+matches names the finding. Add a pattern with the `@pattern(...)` decorator, here or from any
+module imported before use.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -37,6 +39,7 @@ class Evidence:
     observed: Comparison | None = None  # the output against the reference
     introduced: Comparison | None = None  # the node rerun on the reference's inputs, against the reference
     chain: int = 1  # nodes of this op at this source line in a row, feeding each other, ending here
+    producers: dict[str, str] = field(default_factory=dict)  # operand -> the op that wrote it (aten.softmax)
 
     @property
     def op(self) -> str:
@@ -61,17 +64,24 @@ class Pattern:
     name: str
     title: str
     fix: str
-    rule: Callable[[Evidence], str | None]
+    rule: Callable[[Evidence], "Because | None"]
+
+
+Because = str | tuple[str, str]  # why a rule matches, or (why, the fix that fits this case best)
 
 
 @dataclass(frozen=True)
 class Match:
     pattern: Pattern
     reason: str
+    case_fix: str | None = None  # a fix for this case that comes before the pattern's general one
+
+    @property
+    def fix(self) -> str:
+        return self.case_fix or self.pattern.fix
 
     def to_dict(self) -> dict:
-        return {"pattern": self.pattern.name, "title": self.pattern.title, "reason": self.reason,
-                "fix": self.pattern.fix}
+        return {"pattern": self.pattern.name, "title": self.pattern.title, "reason": self.reason, "fix": self.fix}
 
 
 PATTERNS: list[Pattern] = []
@@ -80,7 +90,7 @@ PATTERNS: list[Pattern] = []
 def pattern(name: str, title: str, fix: str):
     """Register the decorated rule as a failure pattern."""
 
-    def register(rule: Callable[[Evidence], str | None]) -> Callable[[Evidence], str | None]:
+    def register(rule: Callable[[Evidence], Because | None]) -> Callable[[Evidence], Because | None]:
         if any(p.name == name for p in PATTERNS):
             raise ValueError(f"failure pattern '{name}' is registered twice")
         PATTERNS.append(Pattern(name, title, fix, rule))
@@ -91,10 +101,21 @@ def pattern(name: str, title: str, fix: str):
 
 def classify(evidence: Evidence) -> Match | None:
     for p in PATTERNS:
-        reason = p.rule(evidence)
-        if reason:
-            return Match(p, reason)
+        because = p.rule(evidence)
+        if because:
+            return Match(p, because) if isinstance(because, str) else Match(p, *because)
     return None
+
+
+def times(ratio: float) -> str:
+    """A ratio in words a person reads at once: "261x", "more than 1e6x", "infinitely" (never "infx")."""
+    if math.isnan(ratio):
+        return "by an unknown factor"
+    if math.isinf(ratio):
+        return "infinitely"
+    if ratio > 1e6:
+        return "more than 1e6x"
+    return f"{ratio:.0f}x" if ratio >= 100 else f"{ratio:.3g}x"
 
 
 # -- the patterns, most specific first ------------------------------------------------------------------
@@ -181,8 +202,15 @@ def _outside_domain(ev: Evidence) -> str | None:
         return f"'{name}' has {below} element(s) below {low:g} (min {float(x.min()):.3g}): {fn} is NaN there"
     at_edge = int((x == low).sum())
     if at_edge and fn.startswith("log"):
-        return f"'{name}' has {at_edge} element(s) equal to {low:g}: {fn} is -Inf there"
+        reason = f"'{name}' has {at_edge} element(s) equal to {low:g}: {fn} is -Inf there"
+        if ev.op == "aten.log" and ev.producers.get(name) in _SOFTMAX_OPS[:2]:
+            return (f"{reason}, where the softmax underflowed to 0", LOG_SOFTMAX_FIX)
+        return reason
     return None
+
+
+LOG_SOFTMAX_FIX = ("compute log(softmax(x)) as torch.log_softmax(x, dim) (F.log_softmax): it never takes the log of "
+                   "an underflowed 0; clamping the softmax (clamp_min(eps)) only hides the lost values")
 
 
 _CANCELLING_OPS = ("aten.sub", "aten.rsub", "aten.add")
@@ -203,8 +231,8 @@ def _cancellation(ev: Evidence) -> str | None:
     result = float(out.square().mean().sqrt())
     if big < CANCELLATION_RATIO * result:
         return None
-    return (f"operands up to {big:.4g} cancel to results of about {result:.3g} ({big / max(result, 1e-300):.3g}x "
-            "smaller): what is left is mostly the operands' rounding error")
+    smaller = "nothing" if result == 0 else f"about {result:.3g} ({times(big / result)} smaller)"
+    return f"operands up to {big:.4g} cancel to {smaller}: what is left is mostly the operands' rounding error"
 
 
 _ACCUMULATING_OPS = ("aten.add", "aten.sum", "aten.mean", "aten.cumsum", "aten.mm", "aten.bmm", "aten.matmul",
@@ -219,12 +247,65 @@ def _low_precision_accumulation(ev: Evidence) -> str | None:
         return None
     if ev.accumulated and ev.chain >= ACCUMULATION_CHAIN:
         return (f"{ev.chain} {ev.op.removeprefix('aten.')}s in a row at this line each round the running total to "
-                f"{ev.dtype}; none is far off alone, together they put it {ev.observed.error:.3g}x its tolerance "
+                f"{ev.dtype}; none is far off alone, together they put it {times(ev.observed.error)} its tolerance "
                 "away from the reference")
     if ev.op != "aten.add" and ev.introduced is not None and not ev.introduced.within:
-        return (f"this reduction rounds in {ev.dtype}: it alone puts its result {ev.introduced.error:.3g}x its "
+        return (f"this reduction rounds in {ev.dtype}: it alone puts its result {times(ev.introduced.error)} its "
                 "tolerance away from the reference")
     return None
+
+
+_COUNTING_OPS = ("aten.arange", "aten.cumsum")
+
+
+@pattern("inexact-integers", "integers counted beyond the dtype's exact range",
+         "count positions and indices in int64 or float32 (torch.arange(n, dtype=torch.float32)) and cast to the low "
+         "precision only after the arithmetic that needs them exact (cos/sin of angles, gathers, masks)")
+def _inexact_integers(ev: Evidence) -> str | None:
+    if ev.op not in _COUNTING_OPS or not ev.output.is_floating_point():
+        return None
+    exact = 2.0 / torch.finfo(ev.output.dtype).eps  # every integer up to 2 ** (mantissa bits + 1)
+    top = float(ev.output.double().abs().max()) if ev.output.numel() else 0.0
+    if top <= exact:
+        return None
+    beyond = int((ev.output.double().abs() > exact).sum())
+    off = float(_spacing(torch.tensor(top, dtype=torch.float64), ev.output.dtype)) / 2
+    return (f"{ev.dtype} holds every integer only up to {exact:.0f}; this {ev.op.removeprefix('aten.')} counts to "
+            f"about {top:.0f}, so {beyond} of its {ev.output.numel()} value(s) are rounded, by up to {off:.3g}")
+
+
+_SWAMPING_OPS = ("aten.add", "aten.sub", "aten.rsub")
+# Swamping is the finding's story when at least this share of the elements lose their small operand.
+SWAMPED_SHARE = 0.5
+
+
+@pattern("swamping", "a small operand lost against a large one",
+         "keep the small value apart from the large one: reorder so the large values cancel first (x + (big - "
+         "big)), add the small updates into a separate float32 total, or compute the addition in float32")
+def _swamping(ev: Evidence) -> str | None:
+    if ev.op not in _SWAMPING_OPS or ev.kind != "divergence" or not ev.output.is_floating_point():
+        return None
+    operands = [(n, t) for n, t in ev.inputs.items() if t.is_floating_point()]
+    if len(operands) != 2:
+        return None
+    shape = ev.output.shape
+    (name_a, a), (name_b, b) = [(n, torch.broadcast_to(t.double(), shape)) for n, t in operands]
+    small, large = torch.minimum(a.abs(), b.abs()), torch.maximum(a.abs(), b.abs())
+    spacing = _spacing(large, ev.output.dtype)
+    lost = (small > 0) & (small < spacing / 2)
+    if not (small > 0).any() or float(lost.sum()) < SWAMPED_SHARE * float((small > 0).sum()):
+        return None
+    smaller = name_a if float(a.abs().mean()) < float(b.abs().mean()) else name_b
+    return (f"'{smaller}' (|x| up to {float(small[lost].max()):.3g}) is below half the spacing of {ev.dtype} next to "
+            f"the other operand (|x| about {float(large[lost].mean()):.4g}, spacing {float(spacing[lost].max()):.3g}): "
+            f"{int(lost.sum())} of {lost.numel()} element(s) lose it entirely")
+
+
+def _spacing(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The distance between neighbouring numbers of `dtype` at the magnitudes `x` (its ulp there)."""
+    info = torch.finfo(dtype)
+    exponent = torch.floor(torch.log2(x.clamp_min(info.tiny)))
+    return torch.pow(2.0, exponent) * info.eps
 
 
 @pattern("inf-arithmetic", "NaN from arithmetic on an infinity",

@@ -3,8 +3,10 @@ how severe, and one message naming the node, the values and the failure pattern.
 
 A collector reads a Session and returns Problems; `collect` runs them all. Races and hangs
 come from the recorded schedules of a many-unit chip, the numerical ones from
-provenance/forensics.py (first NaN/Inf, first divergence from the reference), non-determinism
-from a replay of the recorded run. A new kind is one more collector in COLLECTORS.
+provenance/forensics.py (first NaN/Inf that matters, first divergence from the reference and the
+origin of its error upstream), non-determinism from a replay of the recorded run. A NaN/Inf written
+on purpose, absorbed before any output and in the reference too, is information, never an error.
+A new kind is one more collector in COLLECTORS.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ import torch
 from hardware.instructions import InstructionDriver
 from hardware.program import Frame
 from provenance.forensics import Finding, WithForensics
+from provenance.origins import Origin, headline, trace_origin
+from provenance.patterns import times
 
 
 @dataclass(frozen=True)
 class Problem:
-    kind: str  # "race", "hang", "nan", "inf", "divergence", "nondeterminism"
+    kind: str  # "race", "hang", "nan", "inf", "divergence" (at the first divergence and its origin), "nondeterminism"
     severity: str  # "error", "warning", "information"
     message: str
     tick: int
@@ -44,20 +48,43 @@ def first_nonfinite(session: WithForensics) -> Iterable[Problem]:
                     f"{_pattern(found)}", found.tick, found.node.name, found.node.frames)]
 
 
+def absorbed_births(session: WithForensics) -> Iterable[Problem]:
+    """NaN/Inf written on purpose (T5's log(0) = -inf, discarded by a `where`): absorbed before any output and in
+    the reference too. Information, so an editor can say where it went; never a problem."""
+    f = session.forensics
+    for birth in f.births():
+        if f.harmless(birth):
+            what = "NaN" if birth.kind == "nan" else "Inf"
+            removed = (", ".join(f"{n.op_short.removeprefix('aten.')} '{n.name}' at {n.loc or 'no source line'}"
+                                 for n in birth.absorbed_at) or "nothing: no node reads it")
+            yield Problem(birth.kind, "information",
+                          f"{birth.count} {what} written on purpose by {birth.node.op} '{birth.node.name}' at tick "
+                          f"{birth.tick} (the reference has them too), removed by {removed} before any output: not "
+                          "a problem", birth.tick, birth.node.name, birth.node.frames)
+
+
 def first_divergence(session: WithForensics) -> Iterable[Problem]:
-    """The first step where this run leaves its reference by more than the tolerance of its dtype."""
+    """The first step where this run leaves its reference by more than the tolerance of its dtype; and, when its
+    error was introduced upstream (provenance/origins.py), that origin too, where the fix belongs."""
     found = session.forensics.first_divergence()
     if found is None:
         return []
+    origin, _ = trace_origin(session.forensics, found)
+    upstream = f"; root cause upstream: {headline(origin, found)}" if origin else ""
     seen, made = found.observed, found.introduced
-    own = (f"it introduced the error itself ({made.error:.3g}× tolerance when rerun on the reference's inputs)"
+    own = (f"it introduced the error itself ({times(made.error)} tolerance when rerun on the reference's inputs)"
            if made is not None and not made.within else "the error accumulated to cross the tolerance here")
-    outputs = f"; at the outputs it is {_number(found.growth[-1]['error'])}× tolerance" if found.growth else ""
+    outputs = f"; at the outputs it is {times(float(found.growth[-1]['error']))} tolerance" if found.growth else ""
     message = (f"first divergence from the reference ({session.forensics.spec}): {_wrote(session, found)} "
-               f"{seen.mismatches} of {seen.numel} elements beyond tolerance, worst {seen.error:.3g}× tolerance "
+               f"{seen.mismatches} of {seen.numel} elements beyond tolerance, worst {times(seen.error)} tolerance "
                f"(max |error| {seen.max_abs:.3g}, first at {list(seen.first_mismatch or ())}); {own}{outputs}"
-               f"{_pattern(found)}")
-    return [Problem("divergence", "error", message, found.tick, found.node.name, found.node.frames)]
+               f"{_pattern(found)}{upstream}")
+    problems = [Problem("divergence", "error", message, found.tick, found.node.name, found.node.frames)]
+    if origin is not None and origin.node.loc != found.node.loc:  # on the divergence's line, its message says it
+        problems.append(Problem("divergence", "error", f"root cause of the divergence at {found.node.op} "
+                                f"'{found.node.name}' (tick {found.tick}): {headline(origin, found)}"
+                                f"{_pattern(origin)}", origin.tick, origin.node.name, origin.node.frames))
+    return problems
 
 
 def nondeterminism(session: WithForensics) -> Iterable[Problem]:
@@ -98,7 +125,7 @@ def races_and_hangs(session: WithForensics) -> Iterable[Problem]:
 
 # Most specific first: a node gets the first problem found at it (a NaN is also a divergence; a
 # non-deterministic op also leaves its reference; a race makes both).
-COLLECTORS: list[Collector] = [races_and_hangs, first_nonfinite, nondeterminism, first_divergence]
+COLLECTORS: list[Collector] = [races_and_hangs, first_nonfinite, nondeterminism, first_divergence, absorbed_births]
 
 
 def collect(session: WithForensics, collectors: Iterable[Collector] = COLLECTORS) -> list[Problem]:
@@ -117,11 +144,11 @@ def _wrote(session: WithForensics, found: Finding) -> str:
             f"at tick {found.tick} with")
 
 
-def _pattern(found: Finding) -> str:
+def _pattern(found: Finding | Origin) -> str:
     if found.match is None:
         return ""
     m = found.match
-    return f"; {m.pattern.title}: {m.reason}. Fix: {m.pattern.fix}"
+    return f"; {m.pattern.title}: {m.reason}. Fix: {m.fix}"
 
 
 def _operands_at(session: WithForensics, found: Finding) -> str:
@@ -138,10 +165,6 @@ def _operands_at(session: WithForensics, found: Finding) -> str:
 
 def _label(value: str, source: dict[str, str]) -> str:
     return f"{source[value]} ({value})" if value in source else value
-
-
-def _number(x: float | str) -> str:
-    return f"{x:.3g}" if isinstance(x, float) else x  # JSON spells infinities "inf"
 
 
 def _element(tensor: torch.Tensor, shape: tuple[int, ...], index: tuple[int, ...]) -> float:

@@ -23,6 +23,7 @@ from hardware.driver import to_host
 from hardware.drivers import open_driver, trace_driver
 from hardware.errors import DriverError, RewindError
 from hardware.program import Program
+from provenance.births import Birth, births
 
 DEFAULT_REFERENCE = "torch:cpu:float64"
 VALUES_FORMAT = "rewind-values/1"
@@ -32,10 +33,16 @@ Progress = Callable[[int, int], None]
 class Reference:
     """Values of the known-good pass by Program value name, as host tensors."""
 
-    def __init__(self, spec: str, program: Program, value_of: Callable[[str], torch.Tensor | None]):
+    def __init__(self, spec: str, program: Program, value_of: Callable[[str], torch.Tensor | None],
+                 timeline: Timeline | None = None):
         self.spec = spec
         self.program = program
         self._value_of = value_of
+        self._timeline = timeline  # the pass's own, where it ran or was recorded (saved values have none)
+
+    def births(self) -> list[Birth] | None:
+        """The reference pass's NaN/Inf births (provenance/births.py); None for saved values, which keep no pass."""
+        return None if self._timeline is None else births(self._timeline, self.program)
 
     def value(self, name: str) -> torch.Tensor:
         tensor = self._value_of(name)
@@ -87,7 +94,7 @@ def _timeline_reference(spec: str, program: Program, timeline: Timeline) -> Refe
             return None
         return to_host(timeline.driver, timeline.value(name, position))
 
-    return Reference(spec, program, value_of)
+    return Reference(spec, program, value_of, timeline)
 
 
 def _saved_reference(spec: str, program: Program) -> Reference:

@@ -8,11 +8,12 @@ base drive with its suggestions:
    base's suggestions for each finding, earliest finding first;
 3. integrity: read every module the fix's functions come from (provenance/integrity.py);
 4. validation: the engine runs the patched pass on the example inputs and on generated ones and
-   certifies its outputs against the reference (provenance/validation.py), auditing every call
-   the fix makes while it runs;
+   judges it by every rule (provenance/validation.py: no NaN/Inf masked rather than prevented,
+   outputs certified against the reference, dtypes kept), auditing every call the fix makes
+   while it runs;
 5. verdict: the first fix that validates ends the loop and is recorded in the knowledge base
-   (pattern -> fix); a rejected one is followed by the next candidate, within bounded attempts
-   and time.
+   (pattern -> fix); a rejected one is recorded as rejected (its kind is never ranked up again)
+   and followed by the next candidate, within bounded attempts and time.
 
 Every verdict carries its evidence as JSON: which inputs, which errors, which refused calls.
 """
@@ -70,6 +71,7 @@ class Attempt:
     verdict: str = "rejected"
     reason: str = ""
     fix: Candidate | None = None  # the candidate as loaded (a fix file's patches)
+    rules: list[str] = field(default_factory=list)  # the rules a rejected fix broke (none: it was not judged)
 
     def to_dict(self) -> dict:
         return {"candidate": self.candidate, "verdict": self.verdict, "reason": self.reason,
@@ -94,7 +96,7 @@ class RepairLoop:
         self._enter("forensics", problem=found.problem, findings=[f.node.name for f in findings])
         report = {"program": found.program, "driver": found.driver, "reference": found.reference,
                   "findings": [f.to_dict() for f in findings], "outputs": [c.to_dict() for c in found.outputs],
-                  "fix": None, "knowledge": {"path": str(self.knowledge.path), "recorded": None}}
+                  "fix": None, "knowledge": {"path": str(self.knowledge.path), "recorded": None, "rejected": []}}
         if not fixes and not found.problem:
             return self._verdict(report, "clean", "the pass has no NaN/Inf and matches its reference", started)
         validator = Validator(self.session, self.plan)
@@ -107,6 +109,7 @@ class RepairLoop:
                 break
             progress(len(self.attempts), self.limits.attempts)
             attempt = self._attempt(candidate, validator, deadline)
+            self._record_rejection(finding, attempt, report["knowledge"])
             if attempt.verdict == "validated":
                 report["fix"] = attempt.candidate
                 report["knowledge"]["recorded"] = self._record(finding, attempt.fix, validator)
@@ -166,18 +169,29 @@ class RepairLoop:
         attempt.validation = validation.to_dict()
         if attempt.violations:
             attempt.reason = REFUSED
+            attempt.rules = [REFUSED]
         elif validation.passed:
             attempt.verdict = "validated"
-            attempt.reason = f"outputs within tolerance of the reference on all {len(validation.checks)} input sets"
+            attempt.reason = (f"outputs within tolerance of the reference on all {len(validation.checks)} input "
+                              "sets, and no NaN/Inf born that the reference does not absorb")
         else:
-            attempt.reason = validation.stopped or (f"outputs beyond tolerance of the reference on "
-                                                    f"{', '.join(attempt.validation['failed'])}")
+            attempt.reason = validation.reason
+            attempt.rules = [] if validation.stopped is not None else validation.rules
 
     def _record(self, finding: Finding | None, candidate: Candidate, validator: Validator) -> dict | None:
         if finding is None or finding.match is None:
             return None
         entry = self.knowledge.record(finding, candidate, self.session.program, [s.name for s in validator.sets])
-        return {"pattern": entry["pattern"], "name": entry["name"], "validations": entry["validations"]}
+        return {"pattern": entry["pattern"], "name": entry["name"], "validations": entry["validations"],
+                "inputSetsPassed": entry["inputSetsPassed"], "rejections": entry["rejections"]}
+
+    def _record_rejection(self, finding: Finding | None, attempt: Attempt, knowledge: dict) -> None:
+        """A fix judged and rejected is recorded as such, so the knowledge base never ranks its kind up again."""
+        if finding is None or finding.match is None or attempt.fix is None or not attempt.rules:
+            return
+        entry = self.knowledge.reject(finding, attempt.fix, self.session.program, attempt.rules)
+        knowledge["rejected"].append({"pattern": entry["pattern"], "name": entry["name"],
+                                      "rejections": entry["rejections"], "rejectedFor": entry["rejectedFor"]})
 
     def _exhausted(self, deadline: float) -> str:
         if time.monotonic() > deadline:

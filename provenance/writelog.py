@@ -18,6 +18,9 @@ from hardware.program import Program, SourceLoc
 KIND_NODE, KIND_BUFFER, KIND_EDIT, KIND_VIEW = 0, 1, 2, 3
 # A view (transpose, reshape, slice) writes no memory: it is logged, its stats are computed on demand.
 KIND_NAMES = {KIND_NODE: "node output", KIND_BUFFER: "buffer write", KIND_EDIT: "user edit", KIND_VIEW: "view"}
+VIEW_REASON = "a view (a reshape, a transpose, a slice) writes no memory of its own"
+NO_SOURCE = "torch.export recorded no source line for this node"
+EDIT_REASON = "a user edit wrote it, not a node of the program"
 
 _COLUMNS = [
     ("tick", np.int64), ("unit", np.int32), ("node", np.int32), ("value", np.int32), ("kind", np.int8),
@@ -44,7 +47,9 @@ class WriteRecord:
     stats: WriteStats
 
     def to_dict(self) -> dict:
-        return {
+        """As JSON says it; each null field has its reason beside it (a view wrote no memory: no digest, no
+        stats of its own)."""
+        out = {
             "tick": self.tick, "unit": self.unit, "node": self.node_name, "op": self.op, "value": self.value,
             "kind": self.kind, "source": {"file": self.loc.file, "line": self.loc.line} if self.loc else None,
             "location": self.location.to_dict(), "digest": f"{self.digest & 0xFFFFFFFFFFFFFFFF:016x}",
@@ -52,6 +57,14 @@ class WriteRecord:
             "stats": {"min": self.stats.min, "max": self.stats.max, "mean": self.stats.mean,
                       "nan": self.stats.nan, "inf": self.stats.inf},
         }
+        if self.node is None:
+            out.update(nodeReason=EDIT_REASON, opReason=EDIT_REASON)
+        if self.loc is None:
+            out["sourceReason"] = NO_SOURCE if self.node is not None else EDIT_REASON
+        if self.kind == KIND_NAMES[KIND_VIEW]:
+            out.update(digest=None, digestReason=VIEW_REASON, stats=None,
+                       statsReason=f"{VIEW_REASON}; its stats are those of the value it views at tick {self.tick + 1}")
+        return out
 
 
 class _Interned:

@@ -34,7 +34,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("time", ("checkpoint",)),  # Timeline, ring, tiers, branches, traces
     ("analyses", ("provenance",)),  # forensics, experiments, repair, knowledge: handed a Session
     ("session", ("hardware.session",)),  # the Session and its collaborators
-    ("surfaces", ("dap_server", "provenance.lsp", "provenance.forensics_cli", "provenance.repair_cli")),
+    ("surfaces", ("dap_server", "provenance.lsp", "provenance.forensics_cli", "provenance.repair_cli",
+                  "provenance.validate_cli")),
 ]
 # Which floors each floor may import (besides itself).
 MAY_IMPORT: dict[str, set[str]] = {

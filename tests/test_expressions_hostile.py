@@ -8,6 +8,7 @@ and a running evaluation stops between two operations when asked.
 from __future__ import annotations
 
 import builtins
+import math
 import re
 import threading
 import time
@@ -146,3 +147,60 @@ def test_session_interrupt_stops_the_running_evaluation_and_leaves_motions_alone
     session.interrupt()  # between evaluations: no effect on the next one, nor on a motion
     assert float(session.evaluate("x.sum() * 0")) == 0.0
     assert session.step(granularity="instruction").reason == "step" and session.position == 1
+
+
+def test_added_functions_run_as_torch_spells_them():
+    assert evaluate("nonzero(x > 21).tolist()", NAMES) == [[2, 6], [2, 7]]
+    assert evaluate("x.nonzero().shape", NAMES) == torch.Size([23, 2])
+    assert [t.tolist() for t in evaluate("where(x > 21)", NAMES)] == [[2, 2], [6, 7]]
+    assert evaluate("x.where(x > 21, 0.0).sum()", NAMES) == 45
+    assert evaluate("diagonal(x).tolist()", NAMES) == [0, 9, 18] == evaluate("x.diagonal().tolist()", NAMES)
+    assert evaluate("pow(b, 2).sum()", NAMES) == 3 and evaluate("x.pow(2)[0, 3]", NAMES) == 9
+    assert evaluate("histc(x, bins=3).tolist()", NAMES) == [8, 8, 8] == evaluate("x.histc(3).tolist()", NAMES)
+    assert evaluate("quantile(v, 0.5)", NAMES) == pytest.approx(0.0, abs=1e-6)
+    assert evaluate("topk(x, 2)[0][0].tolist()", NAMES) == [7, 6] == evaluate("x.topk(2)[0][0].tolist()", NAMES)
+    assert evaluate("argmax(x)", NAMES) == 23 and evaluate("x.argmax()", NAMES) == 23
+    assert bool(evaluate("isclose(x, x + 1e-9).all()", NAMES)) and bool(evaluate("x.isclose(x).all()", NAMES))
+
+
+def test_added_functions_are_refused_past_their_limits_before_they_run():
+    assert refused("nonzero(~mask)") == ("the result of nonzero(~mask) would take 512 MiB; expressions are limited "
+                                         "to 256 MiB: slice the operands first")
+    assert "would take" in refused("where(~mask)") and "would take" in refused("(~mask).nonzero()")
+    assert refused("histc(x, bins=10**9)") == ("histc(x, bins=10**9) asks for 1,000,000,000 bins; a histogram in an "
+                                               "expression has 1 to 65,536")
+    assert "asks for 0 bins" in refused("x.histc(0)")
+    big = {"big": torch.zeros(2**24 + 1)}
+    assert refused("quantile(big, 0.5)", big) == ("quantile(big, 0.5) would sort 16,777,217 values; quantile() takes "
+                                                  "at most 16,777,216: slice the tensor first")
+    assert refused("topk(x, 9)") == "topk(x, 9) asks for the top 9; dimension -1 has 8 elements"
+    assert "top -1" in refused("x.topk(-1)")
+    assert refused("pow(2, 10**9)") == "pow(2, 10**9): pow() takes a tensor; for two numbers write a ** b"
+    assert "elements" in refused("pow(v[:, None, None], v[None, :, None] + v[None, None, :])")
+    assert "elements" in refused("isclose(v[:, None, None], v[None, :, None] + v[None, None, :])")
+
+
+def test_an_unknown_function_or_method_is_refused_with_the_ones_allowed():
+    message = refused("argwhere(x)")
+    assert message.startswith("'argwhere' is not a function expressions allow (functions: abs, allclose, amax")
+    functions = message.split("functions: ")[1].split(";")[0].split(", ")
+    assert {"nonzero", "diagonal", "pow", "histc", "quantile", "where", "topk", "argmax", "isclose"} <= set(functions)
+    assert "tensor methods: abs, all," in message
+    assert refused("x.fill_(0)").startswith("attribute 'fill_' is not in the allowed set (tensor methods: abs, ")
+
+
+def test_dollar_name_reads_the_program_value_even_where_a_function_or_a_variable_has_that_name():
+    names = {"mean": torch.ones(2), "$mean": torch.full((2,), 7.0), "$rsqrt": torch.tensor([1.0, math.inf]),
+             "scale": torch.zeros(1)}
+    assert refused("mean", names) == "'mean' is a function: call it, as in sum(x); the program value named 'mean' is " \
+                                     "$mean"
+    assert evaluate("$mean.sum()", names) == 14 and evaluate("mean($mean)", names) == 7
+    assert bool(evaluate("$rsqrt.isinf().any()", names)) and evaluate("'$rsqrt'", names) == "$rsqrt"
+    assert evaluate("($rsqrt\n + 1)[0]", names) == 2
+    assert refused("$nothing + 1", names) == ("no value named 'nothing' in the program ($name reads a node's output, "
+                                              "an input or a parameter)")
+    assert refused("$ mean", names) == "'$' goes right before a value's name, as in $div (got '$ mean')"
+    assert refused("x.$max()", names) == "'$' goes right before a value's name, as in $div (got 'x.$max()')"
+    assert refused("$mean(1)", names).startswith("'$mean' is not a function expressions allow (")
+    assert refused("$_private", names) == "name '_private' is not allowed"
+    assert "in $rsqrt.reshape(3)" in refused("$rsqrt.reshape(3)", names)

@@ -319,8 +319,6 @@ def test_wire_step_back_restores_values_bit_for_bit(wire, case):
 
 
 # -- rewind forensics -------------------------------------------------------------------------------------------------
-# T5 is left out: its relative-position buckets take log(0) = -inf on purpose (masked by torch.where after), and
-# forensics reports that as the first non-finite value (exit 1) although the outputs match the reference.
 
 def test_rewind_forensics_passes_bert_in_a_fresh_process():
     command = [sys.executable, "-c", "import sys; from dap_server.cli import main; sys.exit(main())", "forensics",
@@ -337,6 +335,18 @@ def test_rewind_forensics_passes_gpt2_and_llama(capsys, entry):
     report = json.loads(capsys.readouterr().out)
     assert status == 0 and not report["problem"]
     assert [o["value"] for o in report["outputs"]] == ["logits"] and all(o["within"] for o in report["outputs"])
+
+
+def test_rewind_forensics_passes_t5_whose_log_of_zero_is_absorbed_on_purpose(capsys):
+    """T5's relative-position buckets take log(0) = -inf, discard it (a cast to a bucket index, then torch.where)
+    before any output, and the float64 reference does the same: absorbed, not a problem."""
+    status = forensics_cli.main([str(MODEL), "--entry", "t5", "--driver", "torch:cpu", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert status == 0 and not report["problem"] and report["nonfinite"] is None, report["headline"]
+    assert report["absorbed"] and report["headline"].startswith("clean")
+    for born in report["absorbed"]:
+        assert (born["op"], born["kind"], born["reachesOutput"]) == ("aten.log.default", "inf", False)
+        assert born["source"].rsplit(":", 1)[0].endswith("modeling_t5.py") and born["absorbedAt"]
 
 
 # -- libraries are the user's code (defect 2) --------------------------------------------------------------------------

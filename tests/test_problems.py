@@ -32,13 +32,15 @@ def test_log_of_a_negative_number_names_the_operand_by_its_source_name():
 
 
 def test_catastrophic_cancellation_is_the_first_divergence_with_its_error_and_growth():
-    (problem,) = _problems(CANCELLATION)
+    (problem,) = _problems(CANCELLATION)  # the rounding it amplifies is on the same line: one problem
     assert (problem.kind, problem.node) == ("divergence", "rsub")
     assert problem.frames[-1].loc.line == line_of(CANCELLATION, "bend = 1 - torch.cos(angle)")
     assert problem.message.startswith("first divergence from the reference (torch:cpu:float64): aten.rsub.Scalar "
                                       "'rsub' wrote 'rsub' (float32[4, 8]) at tick 1 with 32 of 32 elements beyond")
     assert "it introduced the error itself" in problem.message and "at the outputs it is" in problem.message
     assert "catastrophic cancellation: operands up to 1 cancel" in problem.message
+    line = line_of(CANCELLATION, "bend = 1 - torch.cos(angle)")
+    assert f"root cause upstream: error introduced at cancellation.py:{line} by `cos`" in problem.message
 
 
 def test_a_random_op_is_reported_as_nondeterminism_not_also_as_a_divergence():

@@ -46,7 +46,9 @@ def test_the_knowledge_bases_suggested_fix_validates_on_each_planted_bug(case, k
     assert report["verdict"] == "validated", report["reason"]
     last = report["attempts"][-1]
     checks = last["validation"]["checks"]
-    assert [c["inputs"]["kind"] for c in checks] == ["example", "seed", "seed", "range", "range", "shape"]
+    assert [c["inputs"]["name"] for c in checks][:7] == ["example", "seed 1", "seed 2", "range x0.125", "range x0.5",
+                                                         "range x2", "range x8"]
+    assert checks[-1]["inputs"]["kind"] == "shape"
     assert all(c["within"] and all(o["within"] for o in c["outputs"]) for c in checks)
     assert all(a["verdict"] == "rejected" and a["validation"]["failed"] for a in report["attempts"][:-1])
     recorded = report["knowledge"]["recorded"]
@@ -86,7 +88,10 @@ def test_a_wrong_fix_is_rejected_with_the_inputs_and_errors_as_evidence(knowledg
     (out,) = example["outputs"]
     assert not out["within"] and out["error"] > 1 and out["mismatches"] > 0
     assert out["firstMismatch"][0] == 2  # the nearly constant row the epsilon swamps
-    assert "example" in attempt["reason"] and not KnowledgeBase(knowledge.path).fixes
+    assert attempt["reason"].startswith("outputs beyond tolerance of the reference (on example")
+    (entry,) = KnowledgeBase(knowledge.path).fixes  # recorded as rejected, never as a fix
+    assert (entry["validations"], entry["rejections"]) == (0, 1)
+    assert entry["rejectedFor"] == ["outputs beyond tolerance of the reference"]
 
 
 def test_a_fix_that_copies_the_reference_is_refused_before_it_runs(knowledge):
@@ -176,13 +181,14 @@ def test_bad_fix_files_get_errors_naming_the_problem(knowledge, tmp_path):
 def test_generated_inputs_keep_row_statistics_masks_and_token_ranges():
     masked = program(str(FORENSICS / "masked_row.py"))
     sets, skipped = input_sets(masked, InputPlan(), str(FORENSICS / "masked_row.py"))
-    assert [s.name for s in sets][:5] == ["example", "seed 1", "seed 2", "range x0.5", "range x2"] and not skipped
+    assert [s.name for s in sets][:7] == ["example", "seed 1", "seed 2", "range x0.125", "range x0.5", "range x2",
+                                          "range x8"] and not skipped
     example = masked.initial
-    for s in sets[1:5]:
+    for s in sets[1:7]:
         assert torch.equal(s.program.initial["allowed"], example["allowed"])  # a mask is structure, not data
         assert not torch.equal(s.program.initial["x"], example["x"])
-    assert torch.equal(sets[4].program.initial["x"], example["x"] * 2)
-    shape = sets[5]
+    assert torch.equal(sets[6].program.initial["x"], example["x"] * 8)
+    shape = sets[7]
     assert shape.kind == "shape" and "re-exported" in shape.note
     assert shape.program.values["x"].shape == (10, 8) and shape.program.values["allowed"].shape == (10, 10)
     norm = program(str(FORENSICS / "rsqrt_no_epsilon.py"))

@@ -32,7 +32,7 @@ def test_a_good_fix_validates_exits_zero_and_is_recorded(capsys, knowledge):
     assert status == 0 and report["verdict"] == "validated"
     assert report["fix"]["name"] == "stable_softmax.py" and report["fix"]["patches"][0]["node"] == "exp"
     assert report["knowledge"]["recorded"] == {"pattern": "exp-overflow", "name": "stable_softmax.py",
-                                               "validations": 1}
+                                               "validations": 1, "inputSetsPassed": 8, "rejections": 0}
     assert json.loads(knowledge.read_text())["fixes"][0]["pattern"] == "exp-overflow"
 
 
@@ -44,7 +44,9 @@ def test_a_wrong_fix_is_rejected_with_evidence_and_exits_one(capsys, knowledge):
     checks = report["attempts"][0]["validation"]["checks"]
     assert [c["inputs"]["name"] for c in checks] == ["example", "seed 1", "range x4"]
     assert all(not c["within"] and c["outputs"][0]["error"] > 1 for c in checks)
-    assert not knowledge.exists()
+    assert report["knowledge"]["recorded"] is None
+    (entry,) = json.loads(knowledge.read_text())["fixes"]
+    assert (entry["name"], entry["validations"], entry["rejections"]) == ("large_epsilon.py", 0, 1)
 
 
 def test_a_fix_copying_the_reference_is_refused_and_the_next_fix_still_tried(capsys, knowledge):
@@ -55,7 +57,8 @@ def test_a_fix_copying_the_reference_is_refused_and_the_next_fix_still_tried(cap
     assert "  refused: imports gc (copies_reference.py:4)" in out
     assert "Attempt 2: stable_softmax.py: VALIDATED" in out and "  shape x[2, 8, 16]: ok (worst output error" in out
     assert "Recorded in the knowledge base" in out and out.rstrip().endswith(
-        "Verdict: validated: outputs within tolerance of the reference on all 6 input sets")
+        "Verdict: validated: outputs within tolerance of the reference on all 8 input sets, and no NaN/Inf born "
+        "that the reference does not absorb")
 
 
 def test_without_a_fix_the_knowledge_base_suggests_one_that_validates(capsys, knowledge):

@@ -296,19 +296,27 @@ class BreakpointTable:
     def stop_at(self, q: int, direction: Direction) -> Stop | None:
         """The stop at position q where breakpoints hold there; log points print (going forward) instead."""
         hit: list[Breakpoint] = []
-        for bp in self.verified():
-            if self._holds(bp, q, self._static_positions(bp)):
-                if bp.log_message is not None:
-                    if direction is Direction.FORWARD:
-                        self.state.on_event(Output(self._interpolate(bp.log_message, q) + "\n", "log"))
-                    continue
-                hit.append(bp)
-        if not hit:
-            return None
-        kinds = {bp.kind for bp in hit}
-        reason = "data breakpoint" if kinds == {"data"} else (
-            "function breakpoint" if kinds == {"function"} else "breakpoint")
-        return Stop(reason, q, ", ".join(_describe(bp) for bp in hit), [bp.id for bp in hit])
+        for bp in self._holding(q):
+            if bp.log_message is not None:
+                if direction is Direction.FORWARD:
+                    self.state.on_event(Output(self._interpolate(bp.log_message, q) + "\n", "log"))
+                continue
+            hit.append(bp)
+        return _stop(q, hit) if hit else None
+
+    def stops(self, start: int, stop: int) -> list[Stop]:
+        """The stops breakpoints make at positions start..stop - 1 (log points never stop, and print nothing)."""
+        stopping = [bp for bp in self.verified() if bp.log_message is None]
+        candidates = sorted({q for bp in stopping for q in self._static_positions(bp)[0] if start <= q < stop})
+        found = []
+        for q in candidates:
+            hit = [bp for bp in stopping if self._holds(bp, q, self._static_positions(bp))]
+            if hit:
+                found.append(_stop(q, hit))
+        return found
+
+    def _holding(self, q: int) -> list[Breakpoint]:
+        return [bp for bp in self.verified() if self._holds(bp, q, self._static_positions(bp))]
 
     def _static_positions(self, bp: Breakpoint) -> tuple[list[int], frozenset[int]]:
         """Positions where the breakpoint's static part matches (cached until the schedule changes)."""
@@ -358,6 +366,13 @@ class BreakpointTable:
             except ExpressionError as exc:
                 return f"<{exc}>"
         return re.sub(r"\{([^{}]+)\}", sub, message)
+
+
+def _stop(q: int, hit: list[Breakpoint]) -> Stop:
+    kinds = {bp.kind for bp in hit}
+    reason = "data breakpoint" if kinds == {"data"} else (
+        "function breakpoint" if kinds == {"function"} else "breakpoint")
+    return Stop(reason, q, ", ".join(_describe(bp) for bp in hit), [bp.id for bp in hit])
 
 
 def _describe(bp: Breakpoint) -> str:

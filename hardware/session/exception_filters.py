@@ -1,7 +1,9 @@
 """Exception filters: a motion stops after a step that raised a numerical exception.
 
-nan, inf: the step wrote a NaN / Inf its inputs did not carry; divergence: the step is where the pass
-first leaves its reference (provenance/forensics.py). The parallel findings of a many-core chip, race
+nan, inf: the step wrote a NaN / Inf its inputs did not carry (every birth, the user asked for each);
+nonfinite-output: only a birth whose non-finite values reach a program output (not one a `where`
+absorbs on the way: provenance/births.py); divergence: the step is where the pass first leaves its
+reference (provenance/forensics.py). The parallel findings of a many-core chip, race
 and hang, are answered from its recorded Schedules (hardware/session/instruction_cursor.py).
 
 A step's NaN/Inf counts come from checks that run on the device and are read back in batches: going
@@ -19,10 +21,12 @@ from hardware.errors import RewindError
 from hardware.events import ExceptionDetails
 from hardware.session.state import SessionState
 from hardware.ticks import Direction, Stop, Tick
+from provenance.births import births_at
 from provenance.forensics import Forensics
 from provenance.writelog import WriteRecord
 
-KNOWN_FILTERS = ("nan", "inf", "divergence", "race", "hang")
+REACHING_OUTPUT = "nonfinite-output"
+KNOWN_FILTERS = ("nan", "inf", "divergence", REACHING_OUTPUT, "race", "hang")
 
 
 class ExceptionFilters:
@@ -79,7 +83,7 @@ class ExceptionFilters:
         return None
 
     def _exception_at(self, tick: Tick) -> ExceptionDetails | None:
-        details = self.nonfinite_at(tick, self.filters)
+        details = self.nonfinite_at(tick, self.filters) or self._reaching_output(tick)
         if details is not None:
             details.evidence = self._forensics().explain(details, tick)
             return details
@@ -97,6 +101,18 @@ class ExceptionFilters:
             for filt, count in (("nan", rec.stats.nan), ("inf", rec.stats.inf)):
                 if filt in filters and count and not self._inputs_carry(tick, filt):
                     return self._exception_details(rec, filt, count)
+        return None
+
+    def _reaching_output(self, tick: Tick) -> ExceptionDetails | None:
+        """With the nonfinite-output filter: a birth at step `tick` whose non-finite values reach an output (the
+        pass is recorded to the end to know; only where the step wrote NaN/Inf)."""
+        if REACHING_OUTPUT not in self.filters or self.nonfinite_at(tick) is None:
+            return None
+        tl = self.state.tl
+        for birth in births_at(tl, self.state.program, tick):
+            if birth.reaches_output:
+                rec = next(r for r in tl.log.at_tick(tick) if r.value == birth.value)
+                return self._exception_details(rec, birth.kind, birth.count)
         return None
 
     def _inputs_carry(self, tick: Tick, filt: str) -> bool:

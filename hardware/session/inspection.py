@@ -6,6 +6,7 @@ their own (undone by stepping back over it).
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -13,7 +14,8 @@ import torch
 
 from hardware.driver import placement_of
 from hardware.errors import ExpressionError, RewindError, echo
-from hardware.expressions import evaluate
+from hardware.events import ProgressAfter
+from hardware.expressions import PROGRAM_VALUE, UndefinedNameError, evaluate, expression_names, truth
 from hardware.memory import Placement
 from hardware.program import Node, Program
 from hardware.session.address_map import occupant
@@ -21,6 +23,7 @@ from hardware.session.breakpoints import BreakpointTable, line_positions, resolv
 from hardware.session.state import FrameInfo, SessionState
 from hardware.source_names import Event, Instance, SourceScopes, flatten, source_scopes
 from hardware.ticks import Tick
+from provenance.births import record_to_end
 from provenance.lineage import lineage
 from provenance.writelog import WriteRecord
 
@@ -143,7 +146,11 @@ class Inspection:
     def resolve(self, name: str, level: int = 0) -> str | None:
         """The Program value a name the user typed means in frame `level` now: a source variable bound to a
         tensor, else a Program value. None when it is neither; a RewindError saying why for a name that is a
-        variable here (or of another frame) but holds no single tensor now."""
+        variable here (or of another frame) but holds no single tensor now. `$name` is the Program value `name`,
+        whatever the frame's variables are called."""
+        if name.startswith(PROGRAM_VALUE):
+            self._require_value(name[1:])
+            return name[1:]
         binding = _Scope(self, None, level).lookup(name)
         if binding is _UNKNOWN:
             return None
@@ -154,16 +161,63 @@ class Inspection:
                               f"{f' ({shown})' if shown else ''}; name one of them")
         return binding
 
-    def evaluate(self, expression: str, level: int = 0) -> Any:
-        """A safe expression over the values at the position; source variables as stack frame `level` sees them.
+    def evaluate(self, expression: str, level: int = 0, position: Tick | None = None) -> Any:
+        """A safe expression over the values at the position (or at `position`, as the stack there sees them);
+        source variables as stack frame `level` sees them.
 
         `interrupt()` from another thread stops it between two operations (an ExpressionError)."""
         stop = self._interrupt
         stop.clear()  # an interrupt meant for an earlier evaluation is not this one's
         try:
-            return evaluate(expression, self.names_at(level=level), stop=stop.is_set)
+            if position is not None:
+                self._recorded_through(position)
+            return evaluate(expression, self.names_at(position, level), stop=stop.is_set)
         finally:
             stop.clear()
+
+    def find(self, expression: str, start: Tick, limit: int) -> "Scan":
+        """The first position from `start` (at most `limit` positions) where `expression` holds, read as the
+        innermost frame there sees it. A position where a name of it is not defined yet is skipped; a name that is
+        nowhere in the program, or any other failure, is an error at once. `interrupt()` stops the scan."""
+        self._require_names(expression)
+        tl, stop = self.state.tl, self._interrupt
+        if not 0 <= start <= tl.end:
+            raise RewindError(f"tick {start} is outside the run (0..{tl.end})")
+        last = min(tl.end, start + limit - 1)
+        progress = ProgressAfter(self.state.on_event)
+        skipped, reason = 0, None
+        stop.clear()
+        try:
+            for q in range(start, last + 1):
+                self._recorded_through(q)
+                try:
+                    if truth(evaluate(expression, self.names_at(q), stop=stop.is_set)):
+                        return Scan(start, q, q, skipped, reason)
+                except UndefinedNameError as exc:
+                    skipped, reason = skipped + 1, reason or f"at tick {q}: {exc}"
+                progress(f"find: tick {q} of {last}", q - start, last - start + 1)
+        finally:
+            stop.clear()
+        return Scan(start, last, None, skipped, reason)
+
+    def _require_names(self, expression: str) -> None:
+        """Every name of `expression` is somewhere in the program: a source variable or a value."""
+        program, scopes = self.state.program, self._scopes
+        for name, value in expression_names(expression):
+            if name not in program.values and (value or scopes is None or name not in scopes.names):
+                what = "value" if value else "variable or value"
+                raise ExpressionError(f"'{PROGRAM_VALUE if value else ''}{echo(name)}' is not a {what} of the "
+                                      "program")
+
+    def _recorded_through(self, position: Tick) -> None:
+        """Run the pass up to `position` if it has not been there yet (the write log and values exist from then)."""
+        tl = self.state.tl
+        if not 0 <= position <= tl.end:
+            raise RewindError(f"tick {position} is outside the run (0..{tl.end})")
+        if position > tl.frontier:
+            here = tl.position
+            tl.seek(position)
+            tl.seek(here)
 
     def interrupt(self) -> None:
         """Thread-safe: stop the evaluation that runs now (no effect on motions: pause() stops those)."""
@@ -230,6 +284,35 @@ class Inspection:
         tiles = cursor.placement(name) if cursor is not None else []
         return Placement(name, placement_of(tl.driver, name, tensor) + tuple(tiles))
 
+    def history(self, name: str) -> tuple[list[str], list[dict]]:
+        """Every write, over the whole run, to the values a source variable is bound to anywhere in the program
+        (`$name`, or a name no variable has: to that Program value), oldest first, each with its stats (a view's
+        computed from what it views). Returns (the values, the writes)."""
+        values = self._bound_anywhere(name)
+        tl = self.state.tl
+        record_to_end(tl)
+        writes = sorted((r for v in values for r in tl.log.history(v)), key=lambda r: r.index)
+        return values, [self._write(r) for r in writes]
+
+    def _bound_anywhere(self, name: str) -> list[str]:
+        scopes, values = self._scopes, self.state.program.values
+        if name.startswith(PROGRAM_VALUE):
+            self._require_value(name[1:])
+            return [name[1:]]
+        bound = scopes.bindings(name) if scopes is not None else []
+        if bound:
+            return bound
+        if name in values:
+            return [name]
+        raise RewindError(f"'{echo(name)}' is not a variable or value of the program")
+
+    def _write(self, record: WriteRecord) -> dict:
+        written = record.to_dict()
+        if record.kind == "view":  # it wrote no memory of its own: its stats are those of what it shows
+            written.pop("statsReason", None)
+            written["stats"] = self.value_stats(record.value, record.tick + 1)
+        return written
+
     def provenance(self, name: str, max_history: int = 64) -> dict:
         """Who wrote a value (last writer before the position), its write history, and its lineage."""
         self._require_value(name)
@@ -294,6 +377,17 @@ class Inspection:
         return self.write_memory(name, flat * tensor.element_size(), data)
 
 
+@dataclass(frozen=True)
+class Scan:
+    """Where `Inspection.find` looked (positions first..last) and what it found."""
+
+    first: Tick
+    last: Tick
+    tick: Tick | None  # the first position where the expression holds; None: nowhere in first..last
+    skipped: int  # positions where a name of the expression was not defined yet
+    skip_reason: str | None  # why the first of them was skipped
+
+
 _UNKNOWN = object()  # a name that is neither a variable here nor a Program value
 
 
@@ -322,15 +416,16 @@ class _Scope:
         if self.instance is not None and name in self.instance.names():
             line = self.instance.function.first_line.get(name)
             assigns = f"line {line} assigns it and has not run yet" if line else "it is not assigned yet"
-            raise ExpressionError(f"name '{echo(name)}' is not defined at this tick in {self.instance.title}: "
-                                  f"{assigns}")
+            raise UndefinedNameError(f"name '{echo(name)}' is not defined at this tick in {self.instance.title}: "
+                                     f"{assigns}")
         scopes = self.inspection._scopes
         info = values.get(name)
         if info is not None and not (info.kind == "input" and scopes is not None and name in scopes.names):
             return name
         if scopes is not None and name in scopes.names:
             where = f" in {self.instance.title}" if self.instance is not None else ""
-            raise ExpressionError(f"name '{echo(name)}' is not defined at this tick{where}{self._elsewhere(name)}")
+            raise UndefinedNameError(f"name '{echo(name)}' is not defined at this tick{where}"
+                                     f"{self._elsewhere(name)}")
         return _UNKNOWN
 
     def _elsewhere(self, name: str) -> str:
@@ -355,10 +450,19 @@ class _LazyValues(Mapping):
         self.tl, self.position = self.scope.tl, self.scope.position
 
     def __getitem__(self, name: str) -> Any:
+        if name.startswith(PROGRAM_VALUE):  # `$div`: the Program value, whatever the frame's variables are called
+            if name[1:] not in self.tl.program.values:
+                raise KeyError(name)
+            return self._materialise(name[1:], name)
         binding = self.scope.lookup(name)
         if binding is _UNKNOWN:
             raise KeyError(name)
         return self._materialise(binding, name)
+
+    def __contains__(self, name: object) -> bool:
+        if isinstance(name, str) and name.startswith(PROGRAM_VALUE):
+            return name[1:] in self.tl.program.values  # without reading it
+        return super().__contains__(name)
 
     def _materialise(self, binding: Any, name: str) -> Any:
         if isinstance(binding, tuple):
@@ -368,7 +472,8 @@ class _LazyValues(Mapping):
         if binding is None:
             return None
         if self.tl.version_at(binding, self.position) is None:
-            raise ExpressionError(f"name '{echo(name)}' ({binding}) is not written yet at this tick")
+            what = f"'{echo(name)}'" + ("" if name == PROGRAM_VALUE + binding else f" ({binding})")
+            raise UndefinedNameError(f"name {what} is not written yet at this tick")
         return self.tl.value(binding, self.position)
 
     def __iter__(self):

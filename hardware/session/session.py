@@ -34,12 +34,13 @@ from hardware.memory import Placement
 from hardware.program import Node, Program
 from hardware.session.breakpoints import Breakpoint, BreakpointTable, DataSpec, FunctionSpec, LineSpec
 from hardware.session.exception_filters import ExceptionFilters
-from hardware.session.inspection import Inspection
+from hardware.session.inspection import Inspection, Scan
 from hardware.session.instruction_cursor import InstructionSpec
 from hardware.session.instruction_level import InstructionLevel
 from hardware.session.motion import Motion
 from hardware.session.state import FrameInfo, LaunchOptions, SessionState
 from hardware.ticks import Direction, Stop, Tick
+from provenance.births import record_to_end
 from provenance.experiments import Experiments
 from provenance.fixes import forget_sources
 from provenance.forensics import Forensics
@@ -370,9 +371,24 @@ class Session:
         neither; a RewindError saying why for a variable that holds no single tensor there now."""
         return self.inspection.resolve(name, level)
 
-    def evaluate(self, expression: str, level: int = 0) -> Any:
-        """A safe expression over the values at the position; `interrupt()` stops it."""
-        return self.inspection.evaluate(expression, level)
+    def evaluate(self, expression: str, level: int = 0, position: Tick | None = None) -> Any:
+        """A safe expression over the values at the position (or at `position`); `interrupt()` stops it."""
+        return self.inspection.evaluate(expression, level, position)
+
+    def find(self, expression: str, start: Tick, limit: int) -> Scan:
+        """The first position from `start` (at most `limit` of them) where `expression` holds; positions where a
+        name of it is not defined yet are skipped. The position does not move; `interrupt()` stops the scan."""
+        return self.inspection.find(expression, start, limit)
+
+    def history(self, name: str) -> tuple[list[str], list[dict]]:
+        """Every write over the run to the values a source variable (anywhere) or a Program value (`$name`) names."""
+        return self.inspection.history(name)
+
+    def breakpoint_stops(self, start: Tick, stop: Tick) -> list[Stop]:
+        """Where breakpoints hold at positions start..stop - 1, as a continue would stop there (nothing printed).
+        The pass is run to its end first: conditions read values there."""
+        record_to_end(self.tl)
+        return self.breakpoints.stops(start, stop)
 
     def interrupt(self) -> None:
         """Thread-safe: stop the evaluation that runs now (no effect on motions: pause() stops those)."""

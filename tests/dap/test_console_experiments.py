@@ -30,7 +30,6 @@ patch precision exp float32 as one as two
 patch function exp /no/such/fix.py
 patch attributes exp eps=oops
 measure nope
-compare
 quit
 """
 
@@ -115,7 +114,6 @@ def test_console_experiment_mistakes_print_errors_and_the_console_goes_on(sessio
         "patch attributes exp eps=oops": "error: eps=oops: the value is not a Python literal (a number, 'text', "
                                          "True, [1, 2])",
         "measure nope": "error: no branch 'nope' (branches: original, stable, edits)",
-        "compare": "error: usage: compare BRANCH [BRANCH ...] (see: patches)",
     }
 
 

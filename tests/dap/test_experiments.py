@@ -83,6 +83,8 @@ def test_repair_validates_the_knowledge_bases_suggestion_with_progress(debugger,
     report = debugger.request("repair", {"knowledge": knowledge, "shapes": 0})
     assert report["verdict"] == "validated" and report["fix"]["origin"] == "built-in"
     assert report["knowledge"]["recorded"]["pattern"] == "exp-overflow"
+    (diff,) = report["sourceDiffs"]  # the fix in the model's source (tests/test_source_edits.py)
+    assert "+        weights = exp_minus_row_max(scores)  # BUG: no max subtraction" in diff["diff"].splitlines()
     events = [name for name, _ in debugger.client.events_since(mark) if name.startswith("progress")]
     assert events[0] == "progressStart" and events[-1] == "progressEnd"
     suggested = debugger.request("suggestFixes", {"knowledge": knowledge, "limit": 2})["suggestions"]

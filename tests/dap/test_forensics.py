@@ -4,6 +4,7 @@ compareWithReference, firstDivergence and ablatePrecision requests with their pr
 import pytest
 
 from dap_server.client import DapError
+from tests.conftest import line_of
 from tests.dap.wire import Debugger
 from tests.forensics_cases import FORENSICS, PLANTED, ids
 
@@ -79,6 +80,20 @@ def test_first_divergence_request_gives_node_line_pattern_and_growth(debugger):
     assert (found["node"], found["source"]["line"]) == ("rsub", case.line("# BUG"))
     assert found["pattern"]["pattern"] == "catastrophic-cancellation"
     assert found["growth"][0]["node"] == "rsub" and found["growth"][-1]["node"] == "linear"
+
+
+def test_first_divergence_traces_an_inherited_error_to_its_origin_upstream(debugger):
+    """The cos of float16 positions diverges first, but the arange two lines up introduced the error."""
+    path = FORENSICS / "half_positions.py"
+    load(debugger, path, [])
+    found = debugger.request("firstDivergence", {})["divergence"]
+    assert found["node"] == "cos" and found["introduced"]["within"]
+    origin = found["origin"]
+    assert origin["node"] == "arange" and origin["confirmed"] and origin["source"].endswith(f":{line_of(path, '# BUG')}")
+    assert origin["pattern"]["pattern"] == "inexact-integers"
+    assert [a["node"] for a in found["amplifiedBy"]][0] == "cos" and found["headline"].startswith("error introduced at")
+    quick = debugger.request("firstDivergence", {"origin": False})["divergence"]
+    assert quick["origin"] is None and quick["originReason"]
 
 
 def test_ablate_precision_on_named_nodes_or_a_span_then_restores(debugger):

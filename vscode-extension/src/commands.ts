@@ -144,14 +144,16 @@ interface Write {
   op: string | null;
   kind: string;
   source: { file: string; line: number } | null;
-  stats: { min: number; max: number; mean: number; nan: number; inf: number };
+  stats: { min: number; max: number; mean: number; nan: number; inf: number } | null;  // null: a view's, see statsReason
+  statsReason?: string;
 }
 
 function describeWrite(w: Write): string {
   const where = w.source ? ` at ${w.source.file}:${w.source.line}` : '';
-  const bad = w.stats.nan || w.stats.inf ? ` · ${w.stats.nan} NaN · ${w.stats.inf} Inf` : '';
+  const s = w.stats;
+  const bad = s && (s.nan || s.inf) ? ` · ${s.nan} NaN · ${s.inf} Inf` : '';
   return `tick ${w.tick}: ${w.op ?? 'user edit'} '${w.node ?? '-'}' (${w.kind}, unit ${w.unit})${where} · ` +
-    `min ${w.stats.min} · max ${w.stats.max}${bad}`;
+    (s ? `min ${s.min} · max ${s.max}${bad}` : `${w.statsReason}`);
 }
 
 function reportProvenance(body: any): string {

@@ -114,6 +114,9 @@ class TorchDriver(TensorBytes, Driver):
         return torch_tensors.run_at(node, args, kwargs, self.device, dtype)
 
     def cast(self, tensor: torch.Tensor, dtype: str) -> torch.Tensor:
+        target = getattr(torch, dtype)
+        if self.compute is not None and target.is_floating_point and target.itemsize < self.compute.itemsize:
+            return torch_tensors.widen(tensor, self.compute)  # a pass computed wider never narrows, as its nodes
         return torch_tensors.cast(tensor, dtype)
 
     def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
