@@ -42,6 +42,7 @@ MEMORY_FORMATS: dict[str, torch.memory_format] = {str(v).removeprefix("torch."):
 _DEVICE = re.compile(r"(cpu|cuda|meta|mps|xpu|hip|privateuseone)(:\d{1,4})?")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,199}")
 _VALUE_KINDS = ("input", "parameter", "buffer", "constant", "intermediate")
+_PHASES = ("forward", "backward", "optimizer")
 
 
 def dtype_of(name: str) -> torch.dtype:
@@ -252,12 +253,14 @@ def encode_program(program: Program) -> dict:
             "outputs": n.outputs, "output_indices": list(n.output_indices), "loc": _loc(n.loc),
             "frames": [[_loc(f.loc), f.module_path, f.module_class] for f in n.frames],
             "module_stack": [list(m) for m in n.module_stack],
+            "phase": n.phase, "step": n.step, "differentiates": n.differentiates,
         } for n in program.nodes],
         "values": [[v.name, v.kind, v.dtype, list(v.shape), v.producer, v.output_index, v.target]
                    for v in program.values.values()],
         "outputs": program.outputs,
         "buffer_mutations": program.buffer_mutations,
         "source_files": program.source_files,
+        "step_starts": program.step_starts, "losses": program.losses, "gradients": program.gradients,
     }
 
 
@@ -342,9 +345,16 @@ def _decode_node(i: int, n: Any, values: dict[str, ValueInfo]) -> Node:
     if not isinstance(stack, list) or not all(isinstance(m, list) and len(m) == 2
                                               and all(isinstance(x, str) for x in m) for m in stack):
         raise RewindError(f"{what} has a malformed module stack")
+    # A training step's fields; a trace written before them holds inference passes: forward nodes of step 0.
+    phase, step, differentiates = n.get("phase", "forward"), n.get("step", 0), n.get("differentiates")
+    if phase not in _PHASES or type(step) is not int or not 0 <= step < 2**31:
+        raise RewindError(f"{what} has a malformed phase {_show(phase)} or step {_show(step)}")
+    if differentiates is not None and (phase != "backward" or type(differentiates) is not int
+                                       or not 0 <= differentiates < i):
+        raise RewindError(f"{what} differentiates node {_show(differentiates)}, not a forward node before it")
     return Node(index=i, name=n["name"], op=op, target=target, args=args, kwargs=kwargs, outputs=list(outputs),
                 output_indices=tuple(indices), loc=_unloc(n["loc"], what), frames=tuple(decoded_frames),
-                module_stack=tuple(tuple(m) for m in stack))
+                module_stack=tuple(tuple(m) for m in stack), phase=phase, step=step, differentiates=differentiates)
 
 
 _META = torch.device("meta")
@@ -440,8 +450,32 @@ def decode_program(obj: Any, initial: dict[str, Any]) -> Program:
         if name not in values or values[name].producer is None:
             raise RewindError(f"program output '{name}' is not a value the program computes")
     for buf in mutations.values():
-        if buf not in values or values[buf].kind != "buffer":
+        if buf not in values or values[buf].kind not in ("buffer", "parameter"):  # a training step's update
             raise RewindError(f"buffer mutation writes '{buf}', which is not a buffer of the program")
     sources = _str_map(obj["source_files"], "the program's source files")
+    starts, losses, gradients = _training_fields(obj, values, len(decoded))
     return Program(name=obj["name"], nodes=decoded, values=values, initial=initial, outputs=list(outputs),
-                   buffer_mutations=dict(mutations), source_files=dict(sources))
+                   buffer_mutations=dict(mutations), source_files=dict(sources), step_starts=starts, losses=losses,
+                   gradients=gradients)
+
+
+def _training_fields(obj: dict, values: dict[str, ValueInfo], count: int) -> tuple[list, list, list]:
+    """A training Program's steps: the first node of each (increasing from 0), its loss and its gradients, all
+    values of the program (none in a trace of an inference pass, or written before training steps)."""
+    starts = obj.get("step_starts", [])
+    if (not isinstance(starts, list) or not all(type(s) is int and 0 <= s < count for s in starts)
+            or starts[:1] not in ([], [0]) or starts != sorted(set(starts))):
+        raise RewindError(f"the program's step starts {_show(starts)} are not node indices rising from 0")
+    losses = _str_list(obj.get("losses", []), "the program's losses")
+    gradients = obj.get("gradients", [])
+    if not isinstance(gradients, list):
+        raise RewindError("the program's gradients are not a list of maps")
+    gradients = [_str_map(g, "the program's gradients of a step") for g in gradients]
+    named = losses + [n for g in gradients for pair in g.items() for n in pair]
+    unknown = next((n for n in named if n not in values), None)
+    if unknown is not None:
+        raise RewindError(f"the program's losses or gradients name {_show(unknown)}, which is not a value of it")
+    if not len(losses) == len(gradients) == len(starts):
+        raise RewindError(f"the program has {len(starts)} steps, {len(losses)} losses and {len(gradients)} maps of "
+                          "gradients")
+    return list(starts), list(losses), [dict(g) for g in gradients]

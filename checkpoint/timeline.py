@@ -195,8 +195,8 @@ class Timeline:
     def value_version(self, name: str, version: Tick) -> Any:
         return self.store.value_version(name, version)
 
-    def program_source(self, buffer: str) -> str:
-        return self.store.program_source(buffer)
+    def program_source(self, buffer: str, tick: Tick) -> str:
+        return self.store.program_source(buffer, tick)
 
     def checkpoints(self) -> list[CheckpointInfo]:
         return self.store.checkpoints()

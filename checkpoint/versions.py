@@ -127,8 +127,11 @@ class VersionStore:
         i = bisect.bisect_left(ticks, position)
         return ticks[i - 1] if i else None
 
-    def program_source(self, buffer: str) -> str:
-        return next(src for src, buf in self.buffer_source.items() if buf == buffer)
+    def program_source(self, buffer: str, tick: Tick) -> str:
+        """The value whose write at `tick` wrote `buffer` (a training Program updates a parameter once per step,
+        each step from a value of its own)."""
+        node = self.program.nodes[self.owner.schedule[tick].node]
+        return next(o for o in node.outputs if self.buffer_source.get(o) == buffer)
 
     # -- a version's tensor ------------------------------------------------------------------------
     def value(self, name: str, position: Tick) -> Any:
@@ -229,7 +232,7 @@ class VersionStore:
             return [(name, self.version_at(name, tick))]
         node = self.program.nodes[step.node]
         if name in self.physical:  # a buffer version is the value its node wrote into it
-            return [(self.program_source(name), tick)]
+            return [(self.program_source(name, tick), tick)]
         deps = [(i, self.version_at(i, tick)) for i in node.input_names()]
         missing = [i for i, v in deps if v is None]
         if missing:
@@ -243,7 +246,7 @@ class VersionStore:
             self.keep(key, self.apply_edit(step.edit, tick))
             return
         if name in self.physical:
-            self._scratch[key] = self.get((self.program_source(name), tick))
+            self._scratch[key] = self.get((self.program_source(name, tick), tick))
             return
         node = self.program.nodes[step.node]
         outputs = self.owner.run_node_at(node, tick, self.get)

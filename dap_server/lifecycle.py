@@ -67,7 +67,8 @@ class LaunchArguments(StrictArguments):
     trace: str | None = None  # open a recorded trace: no device needed (docs/trace-format.md)
     record: str | None = None  # record every step to this trace file while running
     overwrite: bool = False  # with record: replace an existing file there (when the recording is closed)
-    entry: str = "build"
+    entry: str = "build"  # train_step: a training step (forward, backward, the optimizer's update)
+    steps: int = Field(1, ge=1)  # training steps, one after another on the tick axis
     driver: str = "auto"  # auto, torch:cpu, torch:cuda, torch:cuda:N (the driver names its own errors)
     stopOnEntry: bool = False
     checkpoint: CheckpointOptions = CheckpointOptions()
@@ -107,7 +108,7 @@ class LaunchArguments(StrictArguments):
         reference = self.reference if self.reference is None or self.reference.startswith("torch:") \
             else path(self.reference)  # a driver (torch:cpu:float64), or a file: a trace or saved values
         return LaunchOptions(program=path(self.program) or "", trace=path(self.trace), record=path(self.record),
-                             overwrite=self.overwrite, entry=self.entry,
+                             overwrite=self.overwrite, entry=self.entry, steps=self.steps,
                              driver=self.driver, budget_mb=self.checkpoint.budgetMB, every=self.checkpoint.every,
                              host_mb=self.checkpoint.hostMB, disk_mb=self.checkpoint.diskMB,
                              spill_dir=path(self.checkpoint.spillDir),

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator, Literal, Mapping
 from hardware.errors import RewindError
 
 ValueKind = Literal["input", "parameter", "buffer", "constant", "intermediate"]
+Phase = Literal["forward", "backward", "optimizer"]  # the parts of a training step (an inference pass: forward)
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,9 @@ class Node:
     loc: SourceLoc | None = None
     frames: tuple[Frame, ...] = ()
     module_stack: tuple[tuple[str, str], ...] = ()  # (path, class), outermost first
+    phase: Phase = "forward"
+    step: int = 0  # the training step the node belongs to, from 0 (an inference pass is step 0)
+    differentiates: int | None = None  # a backward node: the forward node whose gradient it computes
 
     @property
     def op_short(self) -> str:
@@ -157,6 +161,10 @@ class Program:
     outputs: list[str]
     buffer_mutations: dict[str, str] = field(default_factory=dict)  # produced value -> buffer value
     source_files: dict[str, str] = field(default_factory=dict)  # path -> text of user source files
+    # A training Program (hardware/frontends/torch_train.py); all empty for an inference pass.
+    step_starts: list[int] = field(default_factory=list)  # the first node of each step
+    losses: list[str] = field(default_factory=list)  # the loss value of each step
+    gradients: list[dict[str, str]] = field(default_factory=list)  # per step: parameter value -> its gradient
 
     def __post_init__(self) -> None:
         self._compute_liveness()
@@ -178,6 +186,10 @@ class Program:
 
     def __len__(self) -> int:
         return len(self.nodes)
+
+    def forward_node(self, node: Node) -> Node | None:
+        """The forward node a backward node differentiates (None for any other node)."""
+        return self.nodes[node.differentiates] if node.differentiates is not None else None
 
     def nodes_at_line(self, file: str, line: int) -> list[int]:
         """Indices of nodes with a frame at file:line (the innermost or a caller frame)."""

@@ -281,6 +281,11 @@ class SourceScopes:
         prev: tuple[Frame, ...] = ()
         last_framed = -1
         for n, node in enumerate(nodes):
+            if node.phase != "forward":  # a training step's backward and update: the step's calls are over
+                if node.differentiates is not None:  # seen in the frames of the forward node it differentiates
+                    self.node_instances[n] = self.node_instances[node.differentiates]
+                open_ids, prev, last_framed = [], (), -1
+                continue
             frames = node.frames
             if not frames:
                 continue  # a node without a source frame neither opens nor closes one

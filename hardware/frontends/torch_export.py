@@ -6,7 +6,8 @@ positional arguments (or one tensor), or a dict of keyword arguments (`{"input_i
 parameters or the keywords given; outputs returned by name (a `ModelOutput`'s `logits`, a dict's keys) are
 named so. Each node keeps the user-code frames of its stack trace (torch's own package and the standard library
 are skipped; libraries such as transformers are the user's code too) and its module stack (`blocks.2.attn`).
-An export that fails for a known cause says what to change.
+An export that fails for a known cause says what to change. A training step (`train_step()`) is
+torch_train.py's, which shares the helpers here.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import tokenize
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Iterator, Union
 
 import torch
@@ -45,7 +47,8 @@ _FRAME_RE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func
 _TORCH_ROOT = os.path.realpath(os.path.dirname(torch.__file__))
 _STDLIB_ROOT = os.path.realpath(sysconfig.get_paths()["stdlib"])
 _LIBRARY_FOLDERS = ("site-packages", "dist-packages")
-_THIS_FILE = os.path.realpath(__file__)
+# Rewind's own code that calls the user's (this file, a training step's wrapper): not the user's either.
+_FRONTENDS = os.path.dirname(os.path.realpath(__file__))
 # What an input may hold: tensors are the Program's inputs; the rest are fixed at export (as torch.export takes them).
 _FIXED_INPUT_TYPES = (bool, int, float, str, type(None), enum.Enum, torch.nn.Module, torch.ScriptObject)
 Inputs = Union[tuple, dict]  # positional inputs, or keyword inputs by name
@@ -56,6 +59,15 @@ _DROPPED_OPS = ("aten._assert_tensor_metadata", "aten._assert_async", "aten.sym_
 def load_module(path: str | os.PathLike, entry: str = "build") -> tuple[torch.nn.Module, Inputs]:
     """Import the user's file and call its entry; every failure names its cause. The inputs come back as a tuple
     (positional) or a dict (keyword inputs by name)."""
+    with user_file(path) as module:
+        result = call_entry(module, entry)
+    return module_and_inputs(result, entry, Path(path))
+
+
+@contextmanager
+def user_file(path: str | os.PathLike) -> Iterator[ModuleType]:
+    """The user's file imported, with its folder first on sys.path while inside (as `python file.py` would run it);
+    a missing file or a failing import is a ProgramLoadError naming its cause."""
     file = Path(path)
     try:
         found = file.is_file()
@@ -72,15 +84,25 @@ def load_module(path: str | os.PathLike, entry: str = "build") -> tuple[torch.nn
             spec.loader.exec_module(module)
         except Exception as exc:
             raise ProgramLoadError(f"importing {file} failed: {raised_in_user_code(exc, file)}") from exc
-        fn = getattr(module, entry, None)
-        if fn is None:
-            raise ProgramLoadError(f"{file} defines no '{entry}' (the entry that returns (module, inputs))")
-        if not callable(fn):
-            raise ProgramLoadError(f"'{entry}' in {file} is not callable")
-        try:
-            result = fn()  # may import too: with the file's folder still on sys.path
-        except Exception as exc:
-            raise ProgramLoadError(f"calling {entry}() in {file} failed: {raised_in_user_code(exc, file)}") from exc
+        yield module  # its entries may import too: with the file's folder still on sys.path
+
+
+def call_entry(module: ModuleType, entry: str, returns: str = "(module, inputs)") -> Any:
+    """What the entry of an imported user file returns; a missing entry or a failing call names its cause."""
+    file = module.__file__
+    fn = getattr(module, entry, None)
+    if fn is None:
+        raise ProgramLoadError(f"{file} defines no '{entry}' (the entry that returns {returns})")
+    if not callable(fn):
+        raise ProgramLoadError(f"'{entry}' in {file} is not callable")
+    try:
+        return fn()
+    except Exception as exc:
+        raise ProgramLoadError(f"calling {entry}() in {file} failed: {raised_in_user_code(exc, file)}") from exc
+
+
+def module_and_inputs(result: Any, entry: str, file: Path) -> tuple[torch.nn.Module, Inputs]:
+    """An entry's `(module, inputs)` checked: the inputs a tuple (one tensor made one), or a dict by keyword."""
     if not (isinstance(result, tuple) and len(result) == 2):
         raise ProgramLoadError(
             f"{entry}() in {file} must return (torch.nn.Module, tuple_of_inputs) or (torch.nn.Module, "
@@ -89,17 +111,23 @@ def load_module(path: str | os.PathLike, entry: str = "build") -> tuple[torch.nn
     model, inputs = result
     if not isinstance(model, torch.nn.Module):
         raise ProgramLoadError(f"{entry}() in {file} returned {type(model).__name__} where a torch.nn.Module belongs")
+    return model, checked_inputs(inputs, f"{entry}() in {file} returned")
+
+
+def checked_inputs(inputs: Any, whose: str) -> Inputs:
+    """Inputs as a tuple of positional inputs (one tensor made one) or a dict of keyword inputs; `whose` says where
+    they came from (`train_step() in model.py returned`)."""
     if isinstance(inputs, torch.Tensor):
         inputs = (inputs,)
     if isinstance(inputs, dict):
         odd = [k for k in inputs if not (isinstance(k, str) and k.isidentifier())]
         if odd:
-            raise ProgramLoadError(f"{entry}() in {file} returned a dict of inputs with the key {echo(repr(odd[0]))}; "
+            raise ProgramLoadError(f"{whose} a dict of inputs with the key {echo(repr(odd[0]))}; "
                                    "its keys are the forward's keyword names, such as 'input_ids'")
     elif not isinstance(inputs, tuple):
-        raise ProgramLoadError(f"{entry}() in {file} returned inputs of type {type(inputs).__name__}; a tuple belongs "
+        raise ProgramLoadError(f"{whose} inputs of type {type(inputs).__name__}; a tuple belongs "
                                "(positional inputs), or a dict of keyword inputs such as {'input_ids': ...}")
-    return model, inputs
+    return inputs
 
 
 @contextmanager
@@ -142,20 +170,37 @@ def _imported_from(name: str, module: Any) -> str | None:
 def export_program(model: torch.nn.Module, inputs: Inputs, name: str = "program") -> Program:
     """The Program of `model` on `inputs` (a tuple of positional inputs or a dict of keyword inputs)."""
     model = model.eval()
-    args, kwargs = (tuple(inputs), {}) if not isinstance(inputs, dict) else ((), dict(inputs))
-    _check_input_types(model, args, kwargs)
+    args, kwargs = split_inputs(inputs)
+    check_input_types(model, args, kwargs)
+    with torch.no_grad():
+        exported = export(model, args, kwargs, name)
+    return program_from_export(exported, tensor_inputs(exported, args, kwargs), name, model)
+
+
+def split_inputs(inputs: Inputs) -> tuple[tuple, dict]:
+    """(positional inputs, keyword inputs)."""
+    return (tuple(inputs), {}) if not isinstance(inputs, dict) else ((), dict(inputs))
+
+
+def export(model: torch.nn.Module, args: tuple, kwargs: dict, name: str,
+           user_model: torch.nn.Module | None = None) -> ExportedProgram:
+    """torch.export of `model`, functional, with the ops users wrote kept; a failure is a ProgramLoadError saying
+    why in terms of `user_model` (default: `model`; the user's own where `model` wraps it)."""
     try:
-        with torch.no_grad(), _quiet_export() as failure:
+        with quiet_export() as failure:
             try:
                 # An empty decomposition table functionalises (in-place writes to buffers become buffer
                 # mutation outputs) while keeping the ops users wrote: aten.linear, aten.layer_norm, ...
-                exported = torch.export.export(model, args, kwargs).run_decompositions({})
+                return torch.export.export(model, args, kwargs).run_decompositions({})
             except Exception as exc:
                 failure.append(exc)
                 raise
     except Exception as exc:
-        raise ProgramLoadError(f"torch.export failed for {name}: {_export_failure(exc, model)}") from exc
-    return program_from_export(exported, _tensor_inputs(exported, args, kwargs), name, model)
+        refused = next((e for e in _causes(exc) if isinstance(e, ProgramLoadError)), None)
+        if refused is not None:  # Rewind's own words, raised from inside the traced forward
+            raise refused from None
+        raise ProgramLoadError(f"torch.export failed for {name}: "
+                               f"{export_failure(exc, user_model or model)}") from exc
 
 
 def load_program(path: str | os.PathLike, entry: str = "build") -> Program:
@@ -196,42 +241,10 @@ def program_from_export(ep: ExportedProgram, inputs: tuple, name: str, model: to
     fx_nodes = [n for n in ep.graph.nodes if n.op == "call_function"]
     rename = _named_outputs(ep, {n.name for n in fx_nodes}, {n.name for n in ep.graph.nodes})
     for fx in fx_nodes:
-        if fx.target is operator.getitem:
-            continue
-        op = _op_name(fx.target)
-        if op.startswith(_DROPPED_OPS):
-            continue
-        if isinstance(fx.target, torch._ops.OpOverload) and fx.target._schema.is_mutable:
-            raise ProgramLoadError(f"node '{fx.name}' runs the in-place op {op}, which export did not functionalise")
-        index = len(nodes)
-        outputs = [rename.get(o, o) if o is not None else None for o in _output_names(fx)]
-        getitem_of[fx.name] = outputs
-        frames = _user_frames(fx.meta.get("stack_trace") or "", fx.meta.get("nn_module_stack") or {})
-        node = Node(
-            index=index,
-            name=fx.name,
-            op=op,
-            target=fx.target,
-            args=_convert_args(fx.args, getitem_of, rename),
-            kwargs=_convert_args(dict(fx.kwargs), getitem_of, rename),
-            outputs=[o for o in outputs if o is not None],
-            output_indices=tuple(i for i, o in enumerate(outputs) if o is not None),
-            loc=frames[-1].loc if frames else None,
-            frames=tuple(frames),
-            module_stack=tuple((p, c) for p, c in (fx.meta.get("nn_module_stack") or {}).values()),
-        )
-        nodes.append(node)
-        metas = fx.meta.get("val")
-        metas = metas if isinstance(metas, (list, tuple)) else [metas]
-        for i, (out, meta) in enumerate(zip(outputs, metas)):
-            if out is None:
-                continue
-            if not isinstance(meta, torch.Tensor):
-                raise ProgramLoadError(
-                    f"node '{fx.name}' ({op}) produces a {type(meta).__name__}; only tensor outputs are supported"
-                )
-            values[out] = ValueInfo(out, "intermediate", _dtype(meta.dtype), tuple(int(s) for s in meta.shape),
-                                    producer=index, output_index=i)
+        converted = convert_node(fx, len(nodes), getitem_of, rename)
+        if converted is not None:
+            nodes.append(converted[0])
+            values.update(converted[1])
 
     outputs = [rename.get(s.arg.name, s.arg.name) for s in sig.output_specs if s.kind == OutputKind.USER_OUTPUT]
     mutations = {s.arg.name: _placeholder_for(sig, s.target) for s in sig.output_specs
@@ -239,10 +252,59 @@ def program_from_export(ep: ExportedProgram, inputs: tuple, name: str, model: to
     for out in outputs + list(mutations):
         if out not in values:
             raise ProgramLoadError(f"program output '{out}' is not a tensor computed by the graph")
-    files = sorted({f.loc.file for n in nodes for f in n.frames})
-    sources = {f: Path(f).read_text(errors="replace") for f in files if Path(f).is_file()}
     return Program(name=name, nodes=nodes, values=values, initial=initial, outputs=outputs,
-                   buffer_mutations=mutations, source_files=sources)
+                   buffer_mutations=mutations, source_files=source_files(nodes))
+
+
+def source_files(nodes: list[Node]) -> dict[str, str]:
+    """The text of every user source file the nodes' frames name."""
+    files = sorted({f.loc.file for n in nodes for f in n.frames})
+    return {f: Path(f).read_text(errors="replace") for f in files if Path(f).is_file()}
+
+
+def convert_node(fx: torch.fx.Node, index: int, getitem_of: dict[str, list], rename: dict[str, str],
+                 module_stack: dict | None = None) -> tuple[Node, dict[str, ValueInfo]] | None:
+    """The Node of one fx call at `index` (named as the fx node) and the Values it writes; None for what is no node
+    of its own (a getitem, a metadata check). `rename`: fx name -> Value name where they differ; `getitem_of`
+    collects each tuple-returning node's output names; `module_stack`: the node's nn_module_stack (default: its
+    own)."""
+    if fx.target is operator.getitem:
+        return None
+    op = _op_name(fx.target)
+    if op.startswith(_DROPPED_OPS):
+        return None
+    if isinstance(fx.target, torch._ops.OpOverload) and fx.target._schema.is_mutable:
+        raise ProgramLoadError(f"node '{fx.name}' runs the in-place op {op}, which export did not functionalise")
+    outputs = [rename.get(o, o) if o is not None else None for o in _output_names(fx)]
+    getitem_of[fx.name] = outputs
+    stack = (fx.meta.get("nn_module_stack") or {}) if module_stack is None else module_stack
+    frames = _user_frames(fx.meta.get("stack_trace") or "", stack)
+    node = Node(
+        index=index,
+        name=fx.name,
+        op=op,
+        target=fx.target,
+        args=_convert_args(fx.args, getitem_of, rename),
+        kwargs=_convert_args(dict(fx.kwargs), getitem_of, rename),
+        outputs=[o for o in outputs if o is not None],
+        output_indices=tuple(i for i, o in enumerate(outputs) if o is not None),
+        loc=frames[-1].loc if frames else None,
+        frames=tuple(frames),
+        module_stack=tuple((p, c) for p, c in stack.values()),
+    )
+    metas = fx.meta.get("val")
+    metas = metas if isinstance(metas, (list, tuple)) else [metas]
+    values: dict[str, ValueInfo] = {}
+    for i, (out, meta) in enumerate(zip(outputs, metas)):
+        if out is None:
+            continue
+        if not isinstance(meta, torch.Tensor):
+            raise ProgramLoadError(
+                f"node '{fx.name}' ({op}) produces a {type(meta).__name__}; only tensor outputs are supported"
+            )
+        values[out] = ValueInfo(out, "intermediate", _dtype(meta.dtype), tuple(int(s) for s in meta.shape),
+                                producer=index, output_index=i)
+    return node, values
 
 
 def _placeholder_for(sig, buffer_target: str) -> str:
@@ -263,13 +325,14 @@ def _dtype(dtype: torch.dtype) -> str:
 
 
 def _output_names(fx) -> list:
-    """A tuple-producing node's outputs are its getitem users (None where unused)."""
+    """A tuple-producing node's outputs are its getitem users (None where unused, and where the op gave None: a
+    backward op computes only the gradients asked for)."""
     val = fx.meta.get("val")
     if not isinstance(val, (list, tuple)):
         return [fx.name]
     names: list = [None] * len(val)
     for user in fx.users:
-        if user.target is operator.getitem:
+        if user.target is operator.getitem and val[user.args[1]] is not None:
             names[user.args[1]] = user.name
     return names
 
@@ -299,7 +362,7 @@ def _is_user_file(path: str) -> bool:
     if path.startswith("<"):
         return False
     real = os.path.realpath(path)
-    if _inside(real, _TORCH_ROOT):
+    if _inside(real, _TORCH_ROOT) or _inside(real, _FRONTENDS):
         return False
     if _inside(real, _STDLIB_ROOT):
         return os.path.relpath(real, _STDLIB_ROOT).split(os.sep, 1)[0] in _LIBRARY_FOLDERS
@@ -340,7 +403,7 @@ def _input_labels(model: torch.nn.Module, args: tuple, kwargs: dict) -> list[tup
     return labels
 
 
-def _check_input_types(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+def check_input_types(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
     """Refuse, naming the input, what torch.export cannot take (a numpy array, an image, a custom object)."""
     for label, value in _input_labels(model, args, kwargs):
         for path, leaf in pytree.tree_flatten_with_path(value)[0]:
@@ -355,7 +418,7 @@ def _check_input_types(model: torch.nn.Module, args: tuple, kwargs: dict) -> Non
                 "None are accepted too (fixed at export)")
 
 
-def _tensor_inputs(ep: ExportedProgram, args: tuple, kwargs: dict) -> tuple:
+def tensor_inputs(ep: ExportedProgram, args: tuple, kwargs: dict) -> tuple:
     """The tensors among the inputs, in the order of the exported program's user inputs."""
     in_spec = ep.call_spec.in_spec
     if kwargs and in_spec is not None:
@@ -420,7 +483,7 @@ class _HeldRecords(logging.Filter):
 
 
 @contextmanager
-def _quiet_export() -> Iterator[list]:
+def quiet_export() -> Iterator[list]:
     """torch reports a failing export on its own (the partial graph printed to stderr twice, a data-dependent guard
     logged), and the error Rewind raises says why, once. So what export writes to stderr and what torch's shape
     logger logs is held back: afterwards stderr is written out without the partial graph, and the log records are
@@ -446,7 +509,7 @@ def _quiet_export() -> Iterator[list]:
                 logger.handle(record)
 
 
-def _export_failure(exc: BaseException, model: torch.nn.Module) -> str:
+def export_failure(exc: BaseException, model: torch.nn.Module) -> str:
     """Why torch.export refused the model and what to change, for the causes users meet; else torch's words."""
     text = str(exc).strip()
     found = re.search(r"Found <class '([\w.]+)'> in output", text)
@@ -490,8 +553,7 @@ def _data_dependent(exc: BaseException) -> bool:
 def _user_line(exc: BaseException, text: str) -> str:
     """`model.py:8 \\`if x.sum() > 0:\\` `: the line of the user's code (or a library's) that raised, if known."""
     for e in _causes(exc):
-        frames = [f for f in traceback.extract_tb(e.__traceback__)
-                  if _is_user_file(f.filename) and os.path.realpath(f.filename) != _THIS_FILE]
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if _is_user_file(f.filename)]
         if frames:
             file, line = frames[-1].filename, frames[-1].lineno or 0
             code = _without_comment(frames[-1].line or linecache.getline(file, line))

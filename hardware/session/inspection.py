@@ -86,12 +86,15 @@ class Inspection:
             label = f"edit of {step.edit.value}{after}" if step and step.edit else "<start>"
             return [FrameInfo(0, label, None, None, None)]
         out = []
+        forward = tl.program.forward_node(node)  # a backward node's frames are those of the node it differentiates
         for i, frame in enumerate(reversed(node.frames[:depth])):
             where = frame.module_path if frame.module_path is not None else ""
             if i == 0:
                 name = f"{node.name}{after} ({node.op_short}) [{where or '<root>'}]"
             else:
                 name = f"{frame.module_class or ''}.{frame.loc.function} [{where or '<root>'}]".lstrip(".")
+            if forward is not None:
+                name = f"grad of {forward.name}: {name}" if i == 0 else f"grad of {name}"
             out.append(FrameInfo(i, name, frame.loc.file, frame.loc.line, frame.module_path))
         if not out:
             out.append(FrameInfo(0, f"{node.name}{after} ({node.op_short})", None, None, node.module_path))

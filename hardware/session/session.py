@@ -29,7 +29,7 @@ from hardware.drivers import open_driver, trace_driver
 from hardware.errors import RewindError
 from hardware.events import (ExceptionDetails, Nondeterminism, Output, ProgressAfter, RecordingStarted,
                              SessionEvent)
-from hardware.frontends.torch_export import load_program
+from hardware.frontends.torch_train import load_program
 from hardware.memory import Placement
 from hardware.program import Node, Program
 from hardware.session.breakpoints import Breakpoint, BreakpointTable, DataSpec, FunctionSpec, LineSpec
@@ -103,7 +103,7 @@ class Session:
         record every step to a trace file as it runs. A program that does not load leaves a loaded one as it was."""
         driver = None
         if not options.trace:  # what can fail on the user's side fails before the loaded program is let go
-            program = program or load_program(options.program, options.entry)
+            program = program or load_program(options.program, options.entry, options.steps)
             driver = open_driver(options.driver, options.driver_options())
         self.close()  # a relaunch (restart with new arguments) finishes the previous run's recording
         try:

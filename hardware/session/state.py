@@ -23,7 +23,8 @@ AFTER_WRITE = ("nan", "inf", "divergence")  # exception filters whose stop is ri
 @dataclass
 class LaunchOptions:
     program: str = ""
-    entry: str = "build"
+    entry: str = "build"  # an entry returning an optimizer (train_step()) is a training step
+    steps: int = 1  # training steps unrolled into the Program (hardware/frontends/torch_train.py)
     driver: str = "auto"
     budget_mb: float = 1024.0  # the device tier of the checkpoint ring
     every: int | None = None

@@ -1,0 +1,118 @@
+"""The optimizers a training step runs, as functional tensor ops: torch.optim's single-tensor updates.
+
+Each rule reads a param group's hyperparameters (`hyper`), the state a parameter starts from (`state`: what the
+optimizer holds, or fresh) and computes one update (`update`: the new parameter and state tensors, by torch.optim's
+state keys, the parameter as "param"). Traced by hardware/frontends/torch_train.py, they become optimizer nodes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hardware.errors import ProgramLoadError
+
+SUPPORTED_OPTIMIZERS = "torch.optim.SGD (lr, momentum, weight_decay, nesterov, maximize), torch.optim.Adam and " \
+                       "torch.optim.AdamW (lr, betas, eps, weight_decay, amsgrad, maximize)"
+
+
+def rule_of(optimizer: torch.optim.Optimizer) -> type:
+    """The update rule of a supported optimizer, its hyperparameters checked."""
+    rule = _RULES.get(type(optimizer))
+    if rule is None:
+        raise ProgramLoadError(f"the optimizer is a {type(optimizer).__module__}.{type(optimizer).__qualname__}; "
+                               f"Rewind runs {SUPPORTED_OPTIMIZERS}")
+    for group in optimizer.param_groups:
+        rule.hyper(group)
+    return rule
+
+
+def _number(value: Any) -> float:
+    return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
+
+
+class _SGD:
+    """torch.optim.SGD's single-tensor update (torch/optim/sgd.py), functional."""
+
+    @staticmethod
+    def hyper(group: dict) -> dict:
+        if group.get("dampening", 0):
+            raise ProgramLoadError(f"SGD's dampening ({group['dampening']}) is not supported; Rewind runs "
+                                   f"{SUPPORTED_OPTIMIZERS}")
+        return {"lr": _number(group["lr"]), "momentum": _number(group.get("momentum", 0)),
+                "weight_decay": _number(group.get("weight_decay", 0)), "nesterov": bool(group.get("nesterov")),
+                "maximize": bool(group.get("maximize"))}
+
+    @staticmethod
+    def state(p: torch.Tensor, held: dict, hyper: dict) -> dict[str, torch.Tensor]:
+        if not hyper["momentum"]:
+            return {}
+        # A fresh buffer of zeros: the first update makes it the gradient, as torch.optim's clone of it does.
+        buf = held.get("momentum_buffer")
+        return {"momentum_buffer": _held(buf, p, "momentum_buffer") if buf is not None else torch.zeros_like(p)}
+
+    @staticmethod
+    def update(p: torch.Tensor, grad: torch.Tensor, state: dict, h: dict) -> dict[str, torch.Tensor]:
+        grad = -grad if h["maximize"] else grad
+        if h["weight_decay"]:
+            grad = grad.add(p, alpha=h["weight_decay"])
+        out = {}
+        if h["momentum"]:
+            buf = out["momentum_buffer"] = state["momentum_buffer"].mul(h["momentum"]).add(grad)
+            grad = grad.add(buf, alpha=h["momentum"]) if h["nesterov"] else buf
+        out["param"] = p.add(grad, alpha=-h["lr"])
+        return out
+
+
+class _Adam:
+    """torch.optim.Adam's and AdamW's single-tensor update (torch/optim/adam.py), functional; the step count is a
+    tensor, as torch.optim keeps it, and the bias corrections are computed from it in float64 (torch computes them
+    in Python floats)."""
+
+    @staticmethod
+    def hyper(group: dict) -> dict:
+        beta1, beta2 = group["betas"]
+        return {"lr": _number(group["lr"]), "beta1": _number(beta1), "beta2": _number(beta2),
+                "eps": _number(group["eps"]), "weight_decay": _number(group.get("weight_decay", 0)),
+                "decoupled": bool(group.get("decoupled_weight_decay")), "amsgrad": bool(group.get("amsgrad")),
+                "maximize": bool(group.get("maximize"))}
+
+    @staticmethod
+    def state(p: torch.Tensor, held: dict, hyper: dict) -> dict[str, torch.Tensor]:
+        keys = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if hyper["amsgrad"] else ())
+        step = held.get("step", 0.0)
+        out = {"step": torch.as_tensor(_number(step), dtype=torch.float32)}
+        out.update({k: _held(held[k], p, k) if k in held else torch.zeros_like(p) for k in keys})
+        return out
+
+    @staticmethod
+    def update(p: torch.Tensor, grad: torch.Tensor, state: dict, h: dict) -> dict[str, torch.Tensor]:
+        grad = -grad if h["maximize"] else grad
+        step = state["step"].add(1)
+        if h["weight_decay"] and h["decoupled"]:
+            p = p.mul(1 - h["lr"] * h["weight_decay"])
+        elif h["weight_decay"]:
+            grad = grad.add(p, alpha=h["weight_decay"])
+        exp_avg = state["exp_avg"].lerp(grad, 1 - h["beta1"])
+        exp_avg_sq = state["exp_avg_sq"].mul(h["beta2"]).addcmul(grad, grad, value=1 - h["beta2"])
+        out = {"step": step, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
+        if h["amsgrad"]:
+            exp_avg_sq = out["max_exp_avg_sq"] = torch.maximum(state["max_exp_avg_sq"], exp_avg_sq)
+        count = step.to(torch.float64)
+        step_size = h["lr"] / (1 - torch.pow(h["beta1"], count))
+        denom = exp_avg_sq.sqrt().div((1 - torch.pow(h["beta2"], count)).sqrt()).add(h["eps"])
+        out["param"] = p.sub(exp_avg.mul(step_size).div(denom))
+        return out
+
+
+_RULES = {torch.optim.SGD: _SGD, torch.optim.Adam: _Adam, torch.optim.AdamW: _Adam}
+
+
+def _held(tensor: Any, p: torch.Tensor, key: str) -> torch.Tensor:
+    """A state tensor the optimizer already holds, checked against its parameter."""
+    if not isinstance(tensor, torch.Tensor) or tensor.shape != p.shape:
+        held = f"of shape {list(tensor.shape)}" if isinstance(tensor, torch.Tensor) else f"a {type(tensor).__name__}"
+        raise ProgramLoadError(f"the optimizer holds its state '{key}' of a parameter of shape {list(p.shape)} as "
+                               f"{held}")
+    return tensor.detach().clone()

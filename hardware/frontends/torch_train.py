@@ -1,0 +1,612 @@
+"""A training step as a Program: forward, backward and the optimizer's update, unrolled over steps.
+
+The model file defines `train_step()` beside `build()`, returning
+- `(module, inputs, loss_fn, optimizer)`: the last input is the target and the loss is
+  `loss_fn(module(*inputs[:-1]), inputs[-1])`; or
+- `(module, inputs, optimizer)`: `module(*inputs)` (or `module(**inputs)`) returns the loss, a 0-dim tensor or an
+  output holding a `loss` (a Hugging Face model given its labels).
+The optimizer is one of optimizers.SUPPORTED_OPTIMIZERS, its state as it is (fresh, or after steps the file
+already took); the learning rate stays as the optimizer has it (a scheduler is not followed). An optional
+`batches()` in the file yields the inputs of each step in turn (the first step's included), laid out as
+train_step()'s; without it every step takes train_step()'s inputs. Any entry that returns an optimizer is a
+training step; `train_step` is the name by convention.
+
+The route: torch.export of the module and its loss (user frames and module stacks as an inference Program has
+them), then make_fx over that graph run by an fx Interpreter, `torch.autograd.grad` and the optimizer's update
+written as functional tensor ops. With node metadata preserved, autograd's sequence numbers reach the traced
+backward ops (torch.fx.traceback.set_grad_fn_seq_nr from a hook on each autograd node, as AOTAutograd does): each
+backward op carries the number of the forward op it differentiates.
+
+The Program's shape (what the Session, forensics and benchmarks may rely on):
+- Nodes in order: step 0's forward (`phase` "forward"; loc, frames and module_stack as in an inference Program),
+  its backward ("backward": `differentiates` is the index of the forward node whose gradient it computes, whose
+  loc, frames and module_stack it carries; named `<forward node>_backward`, `_backward_1`, ...; a backward op
+  autograd ran outside any forward op's backward has `differentiates` None and no frames), its update
+  ("optimizer", no frames); then step 1's, and so on. Each node has its `step` (from 0);
+  `Program.step_starts[k]` is step k's first node. Dropout in train mode (random numbers) is refused.
+- Values: the inputs (named by the forward's parameters or keywords; the target by the loss function's second
+  parameter, else `target`), parameters `p_<attribute path>` (`p_l1_weight` for `l1.weight`, as torch.export
+  names them), buffers `b_...`, constants `c_...`, and the optimizer's state per parameter, kind "buffer", named
+  `<state>_<parameter>` as torch.optim keeps it (`exp_avg_p_l1_weight`, `exp_avg_sq_...`, `max_exp_avg_sq_...`,
+  `step_...` (float32, 0-dim), `momentum_buffer_...`).
+- The loss of step k is `Program.losses[k]` (`loss`); the Program's outputs are the losses, then the last step's
+  updates (the trained parameters, buffers and optimizer state). The gradient of a parameter is the value
+  `grad_<parameter>` (`grad_p_l1_weight`; print it, `$grad_p_l1_weight`); `Program.gradients[k]` maps each
+  parameter to its gradient in step k (a parameter the loss does not reach has none, and is not updated).
+- An update writes `<parameter or state>_updated`, and `buffer_mutations` records it as a write of the parameter
+  or state value itself: a data breakpoint on `p_l1_weight` fires at each update, and the parameter read at a
+  tick is the one it holds then. A step reads the values the step before it updated; a buffer the forward
+  mutates (BatchNorm's running statistics in train mode) is carried the same way.
+- Step k >= 1 repeats step 0's nodes: every node and every value its nodes write is named as in step 0 with
+  `_step<k>` appended (`loss_step2`, `grad_p_l1_weight_step2`); the inputs batches() gave step k are `x_step<k>`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import operator
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+import torch
+import torch.fx.traceback as fx_traceback
+from torch.export import ExportedProgram
+from torch.export._tree_utils import reorder_kwargs
+from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils import _pytree as pytree
+
+from hardware.errors import ProgramLoadError, echo, raised_in_user_code
+from hardware.frontends.optimizers import rule_of
+from hardware.frontends.torch_export import (Inputs, call_entry, check_input_types, checked_inputs, convert_node,
+                                             export, export_program, module_and_inputs, source_files, split_inputs,
+                                             tensor_inputs, user_file)
+from hardware.program import Node, Program, Ref, ValueInfo
+from hardware.torch_tensors import dtype_name
+
+TRAIN_ENTRY = "train_step"
+TRAIN_RETURNS = "(module, inputs, loss_fn, optimizer), or (module, inputs, optimizer) when module(*inputs) returns " \
+                "the loss"
+BATCHES = "batches"
+MAX_STEPS = 10_000
+MAX_NODES = 250_000  # an unrolled Program's nodes: what a Timeline over it can hold and step through
+_PHASE = "rewind_phase"  # the key of the annotation that marks the traced backward and update
+_WRAPPED = "model"  # the user's module inside the exported one
+_ALIASES = ("aten.detach.default", "aten.alias.default")  # the same values under another name: no node
+
+
+@dataclass
+class TrainingStep:
+    """What a train_step() returned, checked."""
+
+    model: torch.nn.Module
+    inputs: Inputs
+    loss_fn: Callable | None
+    optimizer: torch.optim.Optimizer
+
+
+def load_program(path: str | Path, entry: str = "build", steps: int = 1) -> Program:
+    """The Program of a model file's entry: its training step unrolled `steps` times when the entry returns an
+    optimizer (train_step()), else its inference pass (build())."""
+    check_steps(steps)
+    file = Path(path)
+    with user_file(file) as module:
+        result = call_entry(module, entry, TRAIN_RETURNS if entry == TRAIN_ENTRY else "(module, inputs)")
+        step = training_step(result, entry, file)
+        batches = read_batches(module, file, step, steps) if step is not None else None
+    if step is None:
+        if steps != 1:
+            raise ProgramLoadError(f"steps counts training steps, and {entry}() in {file} returns no optimizer: "
+                                   f"launch a training step (entry '{TRAIN_ENTRY}', returning {TRAIN_RETURNS})")
+        model, inputs = module_and_inputs(result, entry, file)
+        return export_program(model, inputs, name=file.stem)
+    return training_program(step, file.stem, steps, batches)
+
+
+def check_steps(steps: Any) -> None:
+    if type(steps) is not int or not 1 <= steps <= MAX_STEPS:
+        raise ProgramLoadError(f"steps is the number of training steps, a whole number from 1 to {MAX_STEPS}; "
+                               f"got {echo(repr(steps))}")
+
+
+def training_step(result: Any, entry: str, file: Path) -> TrainingStep | None:
+    """The parts of an entry's result that is a training step (it ends with an optimizer), checked; None for any
+    other result (an entry named train_step must be one)."""
+    training = isinstance(result, tuple) and bool(result) and isinstance(result[-1], torch.optim.Optimizer)
+    if not training and entry != TRAIN_ENTRY:
+        return None
+    if not training or len(result) not in (3, 4):
+        raise ProgramLoadError(f"{entry}() in {file} must return {TRAIN_RETURNS}; got {_kinds(result)}")
+    model, inputs, *loss, optimizer = result
+    if not isinstance(model, torch.nn.Module):
+        raise ProgramLoadError(f"{entry}() in {file} returned {type(model).__name__} where a torch.nn.Module belongs")
+    inputs = checked_inputs(inputs, f"{entry}() in {file} returned")
+    loss_fn = loss[0] if loss else None
+    if loss and not callable(loss_fn):
+        raise ProgramLoadError(f"{entry}() in {file} returned a {type(loss_fn).__name__} where the loss function "
+                               "belongs (called as loss_fn(output, target))")
+    if loss_fn is not None and (isinstance(inputs, dict) or len(inputs) < 2):
+        raise ProgramLoadError(f"{entry}() in {file} returned a loss function, so its inputs are the module's inputs "
+                               "then the target, as a tuple (loss_fn(module(*inputs[:-1]), inputs[-1])); got "
+                               f"{'a dict' if isinstance(inputs, dict) else _count(len(inputs), 'input', 'inputs')}")
+    rule_of(optimizer)
+    owned = {id(p) for p in model.parameters()}
+    if any(id(p) not in owned for group in optimizer.param_groups for p in group["params"]):
+        raise ProgramLoadError(f"the optimizer {entry}() in {file} returned updates a tensor that is not a parameter "
+                               "of its module")
+    return TrainingStep(model, inputs, loss_fn, optimizer)
+
+
+def _kinds(result: Any) -> str:
+    if isinstance(result, tuple):
+        return f"({', '.join(type(r).__name__ for r in result)})"
+    return f"a {type(result).__name__}"
+
+
+def read_batches(module: ModuleType, file: Path, step: TrainingStep, steps: int) -> list[Inputs] | None:
+    """The inputs of each of `steps` steps from the file's batches(), each laid out as train_step()'s; None when the
+    file has no batches()."""
+    fn = getattr(module, BATCHES, None)
+    if fn is None:
+        return None
+    if not callable(fn):
+        raise ProgramLoadError(f"'{BATCHES}' in {file} is not callable (it yields the inputs of each step)")
+    try:
+        batches = fn()
+        if isinstance(batches, (torch.Tensor, dict, str, bytes)) or not hasattr(batches, "__iter__"):
+            raise ProgramLoadError(f"{BATCHES}() in {file} must yield the inputs of each step (a generator); it "
+                                   f"returned {echo(repr(batches))}")
+        found = list(itertools.islice(batches, steps))
+    except ProgramLoadError:
+        raise
+    except Exception as exc:
+        raise ProgramLoadError(f"calling {BATCHES}() in {file} failed: {raised_in_user_code(exc, file)}") from exc
+    if len(found) < steps:
+        raise ProgramLoadError(f"{BATCHES}() in {file} gave {_count(len(found), 'batch', 'batches')}; {steps} steps "
+                               f"need {steps}")
+    return [_same_layout(checked_inputs(b, f"batch {k} of {BATCHES}() in {file} gave"), step.inputs, k, file)
+            for k, b in enumerate(found)]
+
+
+def _same_layout(batch: Inputs, inputs: Inputs, k: int, file: Path) -> Inputs:
+    """A batch laid out as the inputs the step was exported for: the same structure, tensors of the same dtype and
+    shape, the same fixed numbers and strings."""
+    got, spec = pytree.tree_flatten_with_path(batch)
+    want, want_spec = pytree.tree_flatten_with_path(inputs)
+    where = f"batch {k} of {BATCHES}() in {file}"
+    if spec != want_spec:
+        raise ProgramLoadError(f"{where} is laid out as {_layout(batch)}; train_step()'s inputs are {_layout(inputs)}")
+    for (path, leaf), (_, expected) in zip(got, want):
+        if isinstance(expected, torch.Tensor) and isinstance(leaf, torch.Tensor):
+            if (leaf.dtype, leaf.shape) != (expected.dtype, expected.shape):
+                raise ProgramLoadError(f"{where}: input {pytree.keystr(path)} is {_tensor_kind(leaf)}; the step "
+                                       f"was exported for {_tensor_kind(expected)} (train_step()'s inputs)")
+        elif type(leaf) is not type(expected) or leaf != expected:
+            raise ProgramLoadError(f"{where}: input {pytree.keystr(path)} is {echo(repr(leaf))} where train_step() "
+                                   f"gave {echo(repr(expected))} (fixed at export)")
+    return batch
+
+
+def _layout(inputs: Inputs) -> str:
+    if isinstance(inputs, dict):
+        return f"keywords {sorted(inputs)}"
+    return _count(len(inputs), "positional input", "positional inputs")
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _tensor_kind(t: torch.Tensor) -> str:
+    return f"{dtype_name(t.dtype)}{list(t.shape)}"
+
+
+# -- one step, exported and traced ------------------------------------------------------------------------------
+
+class _LossOf(torch.nn.Module):
+    """The user's module and its loss as one module whose forward returns the loss: what is exported."""
+
+    def __init__(self, model: torch.nn.Module, loss_fn: Callable | None):
+        super().__init__()
+        self.model = model  # named _WRAPPED: the Program names its parameters and modules without it
+        if loss_fn is not None and not isinstance(loss_fn, torch.nn.Module):
+            # Export keeps the frames of forward methods only, and of functions annotated: the loss function's
+            # lines are the user's too.
+            loss_fn = fx_traceback.annotate_fn({})(loss_fn)
+        self.loss_fn = loss_fn
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if self.loss_fn is None:
+            return _loss_in(self.model(*args, **kwargs))
+        return self.loss_fn(self.model(*args[:-1]), args[-1])
+
+
+def _loss_in(output: Any) -> Any:
+    """The loss a module's forward returned: itself, or the `loss` of an output (a Hugging Face ModelOutput)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+    if loss is None:
+        raise ProgramLoadError(f"the module returned a {type(output).__name__} without a loss; a training step with "
+                               "no loss function needs a module whose forward returns the loss")
+    return loss
+
+
+def training_program(step: TrainingStep, name: str, steps: int = 1, batches: list[Inputs] | None = None) -> Program:
+    """The Program of `steps` training steps (see the module's docstring)."""
+    check_steps(steps)
+    args, kwargs = split_inputs(step.inputs)
+    check_input_types(step.model, args, kwargs)
+    ep = export(_LossOf(step.model, step.loss_fn), args, kwargs, name, step.model)
+    one = _Tracer(ep, step, tensor_inputs(ep, args, kwargs)).trace()
+    if steps * len(one.nodes) > MAX_NODES:
+        raise ProgramLoadError(f"{steps} steps of {len(one.nodes)} nodes each make {steps * len(one.nodes)} nodes; "
+                               f"a Program holds at most {MAX_NODES}: at most {MAX_NODES // len(one.nodes)} steps of "
+                               "this model")
+    inputs = [tensor_inputs(ep, *split_inputs(b)) for b in batches] if batches is not None else None
+    return one.unrolled(name, steps, inputs)
+
+
+@dataclass
+class _OneStep:
+    """Step 0 of a training Program, and what repeating it needs."""
+
+    nodes: list[Node]
+    values: dict[str, ValueInfo]  # every value step 0 has: its initial ones and what its nodes write
+    initial: dict[str, Any]
+    inputs: list[str]  # the user's tensor inputs, in order
+    updates: dict[str, str]  # the value a step updates (parameter, buffer, optimizer state) -> its updated value
+    gradients: dict[str, str]  # parameter -> its gradient
+    loss: str
+
+    def unrolled(self, name: str, steps: int, batches: list[tuple] | None) -> Program:
+        """`steps` copies of the step, each reading what the one before it updated (and its batch's inputs)."""
+        nodes, values, initial = list(self.nodes), dict(self.values), dict(self.initial)
+        mutations = {new: old for old, new in self.updates.items()}
+        if batches is not None:
+            initial.update((n, t.detach()) for n, t in zip(self.inputs, batches[0]))
+        starts, losses, gradients = [0], [self.loss], [dict(self.gradients)]
+        written = {n for node in self.nodes for n in node.outputs}
+        for k in range(1, steps):
+            fresh = {n: f"{n}_step{k}" for n in (written | set(self.inputs) if batches is not None else written)}
+            taken = next((new for new in fresh.values() if new in values), None)
+            if taken is not None:
+                raise ProgramLoadError(f"step {k} would name a value '{taken}', a name the program has already")
+            rename = {**fresh, **{old: _in_step(new, k - 1) for old, new in self.updates.items()}}
+            if batches is not None:
+                for n, t in zip(self.inputs, batches[k]):
+                    values[rename[n]] = replace(self.values[n], name=rename[n])
+                    initial[rename[n]] = t.detach()
+            offset = len(nodes)
+            starts.append(offset)
+            for node in self.nodes:
+                nodes.append(_repeated(node, k, offset, rename))
+            for n in written:
+                info = self.values[n]
+                values[rename[n]] = replace(info, name=rename[n], producer=info.producer + offset, last_use=-1)
+            mutations.update({rename[new]: old for old, new in self.updates.items()})
+            losses.append(rename[self.loss])
+            gradients.append({p: rename[g] for p, g in self.gradients.items()})
+        final = [_in_step(new, steps - 1) for new in self.updates.values()]  # what the run trained
+        return Program(name=name, nodes=nodes, values=values, initial=initial, outputs=losses + final,
+                       buffer_mutations=mutations, source_files=source_files(self.nodes), step_starts=starts,
+                       losses=losses, gradients=gradients)
+
+
+def _in_step(name: str, k: int) -> str:
+    return name if k == 0 else f"{name}_step{k}"
+
+
+def _repeated(node: Node, k: int, offset: int, rename: dict[str, str]) -> Node:
+    """Step 0's `node` as step k runs it."""
+    return replace(node, index=node.index + offset, name=f"{node.name}_step{k}", step=k,
+                   args=_renamed(node.args, rename), kwargs=_renamed(node.kwargs, rename),
+                   outputs=[rename[o] for o in node.outputs],
+                   differentiates=None if node.differentiates is None else node.differentiates + offset)
+
+
+def _renamed(obj: Any, rename: dict[str, str]) -> Any:
+    if isinstance(obj, Ref):
+        return Ref(rename.get(obj.name, obj.name))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_renamed(o, rename) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _renamed(v, rename) for k, v in obj.items()}
+    return obj
+
+
+@dataclass
+class _Update:
+    """How the optimizer updates one parameter: its rule, its group's hyperparameters, its state."""
+
+    rule: Callable[..., dict[str, torch.Tensor]]
+    hyper: dict[str, Any]
+    state: dict[str, str]  # torch.optim's state key -> the Program value holding it
+
+
+@dataclass
+class _Tracer:
+    """Traces one training step of an exported module-and-loss into step 0 of a Program."""
+
+    ep: ExportedProgram
+    step: TrainingStep
+    user_tensors: tuple
+    flat: dict[str, torch.Tensor] = field(default_factory=dict)  # every traced input, by value name, in order
+    values: dict[str, ValueInfo] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)  # the value of each placeholder of the exported graph
+    inputs: list[str] = field(default_factory=list)
+    updates: dict[str, _Update] = field(default_factory=dict)  # parameter -> its update
+
+    def trace(self) -> _OneStep:
+        _check_loss(self.ep)
+        self._name_inputs()
+        self._plan_updates()
+        gm, layout = self._make_fx()
+        return self._convert(gm, layout)
+
+    # -- the values a step starts from ----------------------------------------------------------------------------
+    def _add(self, name: str, kind: str, tensor: torch.Tensor, target: str | None = None) -> None:
+        if name in self.flat:
+            raise ProgramLoadError(f"two values of the training step would both be named '{name}'")
+        tensor = tensor.detach()
+        self.flat[name] = tensor
+        self.values[name] = ValueInfo(name, kind, dtype_name(tensor.dtype), tuple(tensor.shape), target=target)
+
+    def _name_inputs(self) -> None:
+        sig, state = self.ep.graph_signature, {**self.ep.state_dict, **self.ep.constants}
+        labels = iter(self._input_labels())
+        tensors = iter(self.user_tensors)
+        kinds = {InputKind.PARAMETER: ("parameter", "p_"), InputKind.BUFFER: ("buffer", "b_"),
+                 InputKind.CONSTANT_TENSOR: ("constant", "c_")}
+        for spec in sig.input_specs:
+            if spec.kind == InputKind.USER_INPUT:
+                if isinstance(spec.arg, ConstantArgument):
+                    continue  # a number, string or None: part of the graph now
+                name = next(labels)
+                self._add(name, "input", next(tensors))
+                self.inputs.append(name)
+            elif spec.kind in kinds:
+                kind, prefix = kinds[spec.kind]
+                target = _unwrapped_path(spec.target)
+                tensor = state[spec.target]
+                if not isinstance(tensor, torch.Tensor):
+                    raise ProgramLoadError(f"'{target}' is a {type(tensor).__name__}; only tensors are supported")
+                name = prefix + re.sub(r"\W", "_", target)
+                self._add(name, kind, tensor, target)
+            else:
+                raise ProgramLoadError(f"the training step takes a {spec.kind.name.lower()} '{spec.arg.name}', "
+                                       "which Rewind does not support")
+            self.order.append(name)
+
+    def _input_labels(self) -> list[str]:
+        """Each tensor input's name: the forward's parameter or the keyword, the loss function's second parameter
+        for the target (`target` if it has none Python can read); `x_0`, `x_1` for the tensors inside one input."""
+        model, loss_fn = self.step.model, self.step.loss_fn
+        args, kwargs = split_inputs(self.step.inputs)
+        names = _parameter_names(model.forward)
+        if loss_fn is not None:
+            names = [names[i] if i < len(names) else f"input_{i}" for i in range(len(args) - 1)]
+            names.append((_parameter_names(loss_fn)[1:2] or ["target"])[0])
+        if kwargs and self.ep.call_spec.in_spec is not None:
+            kwargs = reorder_kwargs(kwargs, self.ep.call_spec.in_spec)
+        labels = []
+        for path, leaf in pytree.tree_flatten_with_path((args, kwargs))[0]:
+            if not isinstance(leaf, torch.Tensor):
+                continue
+            top = path[1]
+            base = top.key if isinstance(top, pytree.MappingKey) else (
+                names[top.idx] if top.idx < len(names) else f"input_{top.idx}")
+            rest = "_".join(re.sub(r"\W", "", str(getattr(p, "idx", getattr(p, "key", p)))) for p in path[2:])
+            labels.append(f"{base}_{rest}" if rest else str(base))
+        return labels
+
+    def _plan_updates(self) -> None:
+        """Each parameter the optimizer updates: its rule, hyperparameters and state (as the optimizer holds it, or
+        fresh)."""
+        optimizer = self.step.optimizer
+        rule = rule_of(optimizer)
+        by_tensor = {id(p): name for name, p in self.step.model.named_parameters()}  # training_step: all there
+        names = {v.target: n for n, v in self.values.items() if v.kind == "parameter"}
+        for group in optimizer.param_groups:
+            hyper = rule.hyper(group)
+            for p in group["params"]:
+                param = names.get(by_tensor[id(p)])
+                if not p.requires_grad or param is None:
+                    continue  # frozen (requires_grad=False), or not used by the loss at all
+                state = {}
+                for key, tensor in rule.state(p, optimizer.state.get(p, {}), hyper).items():
+                    state[key] = f"{key}_{param}"
+                    self._add(state[key], "buffer", tensor)
+                self.updates[param] = _Update(rule.update, hyper, state)
+        if not self.updates:
+            raise ProgramLoadError("the optimizer updates no parameter of the module that requires a gradient")
+
+    # -- the trace --------------------------------------------------------------------------------------------------
+    def _make_fx(self) -> tuple[torch.fx.GraphModule, list[tuple[str, str]]]:
+        """The traced step and its outputs' layout: (role, value name) per output, the role one of loss, grad (of
+        the parameter named) and updated (the parameter, optimizer state or buffer named)."""
+        names = list(self.flat)
+        sig = self.ep.graph_signature
+        mutated = [_placeholder_for(sig, s.target) for s in sig.output_specs if s.kind == OutputKind.BUFFER_MUTATION]
+        layout: list[tuple[str, str]] = []
+
+        def one_step(*flat: torch.Tensor) -> tuple:
+            env = dict(zip(names, flat))
+            outs = torch.fx.Interpreter(self.ep.graph_module).run(*(env[n] for n in self.order))
+            loss = outs[len(mutated)]
+            _tag_backward(loss)
+            trained = list(self.updates)
+            with fx_traceback.annotate({_PHASE: "backward"}):
+                grads = torch.autograd.grad(loss, [env[p] for p in trained], allow_unused=True)
+            layout[:] = [("loss", "loss")]
+            results = [loss]
+            with torch.no_grad(), fx_traceback.annotate({_PHASE: "optimizer"}):
+                for param, grad in zip(trained, grads):
+                    if grad is None:
+                        continue  # a parameter the loss does not depend on: as torch.optim, left as it is
+                    update = self.updates[param]
+                    layout.append(("grad", param))
+                    results.append(grad)
+                    state = {key: env[name] for key, name in update.state.items()}
+                    for key, tensor in update.rule(env[param], grad, state, update.hyper).items():
+                        layout.append(("updated", update.state.get(key, param)))
+                        results.append(tensor)
+            for buf, tensor in zip(mutated, outs[: len(mutated)]):
+                layout.append(("updated", self.order[buf]))
+                results.append(tensor)
+            return tuple(results)
+
+        flat = [t.clone().requires_grad_(n in self.updates) for n, t in self.flat.items()]
+        with fx_traceback.preserve_node_meta():
+            gm = make_fx(one_step)(*flat)
+        if not any(role == "grad" for role, _ in layout):
+            raise ProgramLoadError("the loss does not depend on any parameter the optimizer updates")
+        return gm, layout
+
+    # -- the traced graph as Nodes ----------------------------------------------------------------------------------
+    def _names(self, gm: torch.fx.GraphModule, layout: list[tuple[str, str]]) -> tuple[dict, dict, dict]:
+        """(fx name -> value name, updated value -> its update, parameter -> its gradient): the traced inputs by
+        their values' names, the loss, gradients and updates by theirs, and a node torch named as one of those
+        renamed apart."""
+        graph_nodes = list(gm.graph.nodes)
+        placeholders = [n for n in graph_nodes if n.op == "placeholder"]
+        rename = {fx.name: name for fx, name in zip(placeholders, self.flat)}
+        updates: dict[str, str] = {}
+        gradients: dict[str, str] = {}
+        for (role, name), fx in zip(layout, graph_nodes[-1].args[0]):
+            new = {"loss": "loss", "grad": f"grad_{name}", "updated": f"{name}_updated"}[role]
+            if not isinstance(fx, torch.fx.Node) or fx.op != "call_function" or fx.name in rename:
+                raise ProgramLoadError(f"the training step's {role} '{new}' is not a value a node computes")
+            rename[fx.name] = new
+            if role == "grad":
+                gradients[name] = new
+            elif role == "updated":
+                updates[name] = new
+        ours = set(rename.values())
+        taken = ours | {n.name for n in graph_nodes}
+        for fx in graph_nodes:
+            if fx.name not in rename and fx.name in ours:
+                rename[fx.name] = next(f"{fx.name}_{i}" for i in itertools.count(1) if f"{fx.name}_{i}" not in taken)
+                taken.add(rename[fx.name])
+        return rename, updates, gradients
+
+    def _convert(self, gm: torch.fx.GraphModule, layout: list[tuple[str, str]]) -> _OneStep:
+        rename, updates, gradients = self._names(gm, layout)
+        values, initial = dict(self.values), dict(self.flat)
+        nodes: list[Node] = []
+        getitem_of: dict[str, list] = {}
+        forward_of_seq: dict[int, int] = {}
+        backward_names: dict[str, int] = {}
+        for fx in gm.graph.nodes:
+            if fx.op == "get_attr":  # a tensor the trace made (a constant)
+                tensor, name = getattr(gm, fx.target), rename.get(fx.name, fx.name)
+                values[name] = ValueInfo(name, "constant", dtype_name(tensor.dtype), tuple(tensor.shape))
+                initial[name] = tensor.detach()
+                continue
+            if fx.op != "call_function":
+                continue
+            op_name = str(fx.target)
+            if op_name in _ALIASES:
+                rename[fx.name] = _value_name(fx.args[0], getitem_of, rename)
+                continue
+            _refuse_random(fx)
+            phase = (fx.meta.get("custom") or {}).get(_PHASE, "forward")
+            forward = forward_of_seq.get(fx.meta.get("seq_nr", -1)) if phase == "backward" else None
+            name = fx.name
+            if phase == "backward":
+                name = _name_backward(fx, nodes[forward].name if forward is not None else fx.name, backward_names,
+                                      rename)
+            stack = _unwrapped_stack(fx.meta.get("nn_module_stack") or {}) if phase == "forward" else {}
+            converted = convert_node(fx, len(nodes), getitem_of, rename, stack)
+            if converted is None:
+                continue
+            node, written = converted
+            if phase == "forward":
+                forward_of_seq.setdefault(fx.meta.get("seq_nr", -1), node.index)
+            elif forward is not None:
+                source = nodes[forward]
+                node = replace(node, loc=source.loc, frames=source.frames, module_stack=source.module_stack)
+            nodes.append(replace(node, name=name, phase=phase, differentiates=forward))
+            values.update(written)
+        return _OneStep(nodes, values, initial, self.inputs, updates, gradients, "loss")
+
+
+def _name_backward(fx: torch.fx.Node, forward: str, taken: dict[str, int], rename: dict[str, str]) -> str:
+    """A backward node is named after the forward node it differentiates (`_softmax_backward`, `_softmax_backward_1`),
+    and so is what it writes unless that is a gradient or an update, named already."""
+    count = taken.get(forward, 0)
+    taken[forward] = count + 1
+    name = f"{forward}_backward" + (f"_{count}" if count else "")
+    rename.setdefault(fx.name, name)
+    for user in fx.users:
+        if user.target is operator.getitem:
+            rename.setdefault(user.name, f"{name}_{user.args[1]}")
+    return name
+
+
+def _value_name(arg: torch.fx.Node, getitem_of: dict[str, list], rename: dict[str, str]) -> str:
+    if arg.target is operator.getitem:
+        return getitem_of[arg.args[0].name][arg.args[1]]
+    return rename.get(arg.name, arg.name)
+
+
+def _check_loss(ep: ExportedProgram) -> None:
+    """The loss is one floating-point number."""
+    name = next(s.arg.name for s in ep.graph_signature.output_specs if s.kind == OutputKind.USER_OUTPUT)
+    loss = next(n for n in ep.graph.nodes if n.name == name).meta.get("val")
+    if not isinstance(loss, torch.Tensor) or loss.shape != () or not loss.dtype.is_floating_point:
+        got = _tensor_kind(loss) if isinstance(loss, torch.Tensor) else f"a {type(loss).__name__}"
+        raise ProgramLoadError(f"the loss must be one floating-point number (a 0-dim tensor); the training step's is "
+                               f"{got}: reduce it (.mean(), .sum())")
+
+
+def _refuse_random(fx: torch.fx.Node) -> None:
+    """A node drawing random numbers (dropout in train mode) cannot be replayed bit for bit."""
+    if isinstance(fx.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in fx.target.tags:
+        raise ProgramLoadError(f"the training step draws random numbers ({fx.target}, as dropout does in train mode), "
+                               "which stepping back cannot replay: call module.eval() in train_step(), or set the "
+                               "dropout probability to 0")
+
+
+def _tag_backward(loss: torch.Tensor) -> None:
+    """Make each backward op the trace records carry the sequence number of the forward op it differentiates: a
+    hook on every autograd node of the loss's graph says which node runs (torch's AOTAutograd does the same)."""
+    seen: set = set()
+    todo = [loss.grad_fn]
+    while todo:
+        fn = todo.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        seq = fn._sequence_nr()
+        fn.register_prehook(lambda _grads, seq=seq: fx_traceback.set_grad_fn_seq_nr(seq))
+        fn.register_hook(lambda _inputs, _outputs: fx_traceback.reset_grad_fn_seq_nr())
+        todo.extend(f for f, _ in fn.next_functions)
+
+
+def _unwrapped_path(path: str) -> str:
+    """A module path of the exported module as the user's module has it (`l1` for `model.l1`)."""
+    if path == _WRAPPED:
+        return ""
+    return path.removeprefix(_WRAPPED + ".")
+
+
+def _unwrapped_stack(stack: dict) -> dict:
+    """An nn_module_stack without the exported wrapper: the user's module is the root."""
+    return {key: (_unwrapped_path(path), cls) for key, (path, cls) in stack.items() if path}
+
+
+def _placeholder_for(sig: Any, target: str) -> int:
+    return next(i for i, s in enumerate(sig.input_specs) if s.target == target)
+
+
+def _parameter_names(fn: Callable) -> list[str]:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a callable without a signature Python can read
+        return []
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
