@@ -40,15 +40,16 @@ def timed(fn, device: str) -> float:
     return time.perf_counter() - t
 
 
-def step_back_latencies(s: Session, samples: int, device: str) -> tuple[float, float]:
-    """p50 and p95, in ms, of one node step back (granularity instruction) from seeded random ticks, every live value read after it."""
+def step_back_latencies(s: Session, samples: int, device: str, read_live: bool = True) -> tuple[float, float]:
+    """p50 and p95, in ms, of one node step back (granularity instruction) from seeded random ticks, every live value
+    read after it (unless not `read_live`)."""
     tl, rng, lat = s.tl, random.Random(0), []
     for _ in range(samples):
         s.goto(rng.randint(1, tl.end))
 
         def back():
             s.step(Direction.REVERSE, "instruction")
-            for name in tl.live():
+            for name in tl.live() if read_live else ():
                 tl.value(name)
 
         lat.append(timed(back, device) * 1e3)

@@ -261,6 +261,7 @@ def encode_program(program: Program) -> dict:
         "buffer_mutations": program.buffer_mutations,
         "source_files": program.source_files,
         "step_starts": program.step_starts, "losses": program.losses, "gradients": program.gradients,
+        "optimizer": program.optimizer,
     }
 
 
@@ -454,9 +455,12 @@ def decode_program(obj: Any, initial: dict[str, Any]) -> Program:
             raise RewindError(f"buffer mutation writes '{buf}', which is not a buffer of the program")
     sources = _str_map(obj["source_files"], "the program's source files")
     starts, losses, gradients = _training_fields(obj, values, len(decoded))
+    optimizer = obj.get("optimizer", "")
+    if not isinstance(optimizer, str) or not (optimizer == "" or _IDENTIFIER.fullmatch(optimizer)):
+        raise RewindError(f"the program's optimizer {_show(optimizer)} is not the name of a class")
     return Program(name=obj["name"], nodes=decoded, values=values, initial=initial, outputs=list(outputs),
                    buffer_mutations=dict(mutations), source_files=dict(sources), step_starts=starts, losses=losses,
-                   gradients=gradients)
+                   gradients=gradients, optimizer=optimizer)
 
 
 def _training_fields(obj: dict, values: dict[str, ValueInfo], count: int) -> tuple[list, list, list]:

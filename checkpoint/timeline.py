@@ -6,7 +6,8 @@ needed at a position is taken from the store of versions (checkpoint/versions.py
 the lower tiers, a trace), or recomputed from its nearest retained ancestors and checked here
 against the digest the write log recorded (a mismatch is non-determinism, reported, never
 silently accepted). Mutated buffers live in fixed device memory: crossing their write tick
-backwards restores the pre-image.
+backwards restores the pre-image. A training Program has a checkpoint at the start of each of its steps
+too (holding the parameters and optimizer state the step starts from), thinned by the ring as any other.
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ class Timeline:
         batch = driver_check_batch(driver) if check_batch is None else check_batch
         self.checks = WriteChecks(driver, self.log, batch) if batch != 1 else None  # 1: each at once
         self.every = max(1, round(math.sqrt(len(program.nodes)))) if every is None else every
+        self._step_starts = frozenset(program.step_starts[1:])  # nodes before which a checkpoint is taken
         self.nondeterminism: list[Nondeterminism] = []
         self.patches: dict[int, Patch] = {}  # node index -> how this branch runs it instead
         self._seconds: dict[Tick, float] = {}
@@ -138,6 +140,11 @@ class Timeline:
     def node_at(self, tick: Tick) -> Node | None:
         step = self.step_at(tick)
         return self.program.nodes[step.node] if step and step.node is not None else None
+
+    def _starts_step(self, tick: Tick) -> bool:
+        """Does a training step start at `tick` (its first node about to run)?"""
+        step = self.step_at(tick)
+        return step is not None and step.node in self._step_starts
 
     def unit_name(self, unit: int) -> str:
         return self.unit_names[unit]
@@ -289,7 +296,7 @@ class Timeline:
                     if self.recorder is not None:
                         self.recorder.write(self.log.row(row))
             store.read_last(node, tick)
-            if (tick + 1) % self.every == 0:
+            if (tick + 1) % self.every == 0 or self._starts_step(Tick(tick + 1)):
                 pins = store.checkpoint(Tick(tick + 1))
                 if self.recorder is not None:
                     self.recorder.checkpoint(tick + 1, sorted(pins))

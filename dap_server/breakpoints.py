@@ -1,7 +1,10 @@
-"""Breakpoints: source lines, functions (node, op, module path), data (writes to a value), exceptions (NaN, Inf).
+"""Breakpoints: source lines, functions (node, op, module path), data (writes to a value), exceptions (NaN, Inf,
+a training run's loss spike).
 
 One bad breakpoint comes back `verified: false` with the reason; it never fails the batch.
-A line with no node binds to the next line of the same function that has one.
+A line with no node binds to the next line of the same function that has one. A source or function breakpoint's
+`mode` (Rewind's own field: forward, backward, both; default the launch's `breakpointMode`) says whether it stops
+in a training step's forward nodes, the backward nodes that differentiate them, or both.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dap_server.sources import SourceRef, source_path
 from dap_server.variables import Entry, TensorSlice, Values, stats_text
 from hardware.errors import RewindError, brief, echo
 from hardware.session.breakpoints import DataSpec, FunctionSpec, LineSpec
+from hardware.session.exception_filters import LOSS_SPIKE, SPIKE_FACTOR, check_condition
 
 if TYPE_CHECKING:
     from dap_server.context import RequestContext  # the adapter, as far as handlers use it
@@ -36,9 +40,16 @@ EXCEPTION_FILTERS += [
                     "ordering them (sim chip: barriers, semaphores, DMA waits)"},
     {"filter": "hang", "label": "Hang (many-core chip)", "default": False,
      "description": "Stop when every live unit of a node is blocked, with the wait-for graph"},
+    {"filter": LOSS_SPIKE, "label": "Loss spike (training)", "default": False,
+     "description": "Stop at the start of a training step whose loss is more than k times the median of the losses "
+                    "before it: the end of the step before the spike",
+     "supportsCondition": True,
+     "conditionDescription": f"k=N: a loss more than N times the running median is a spike (k={SPIKE_FACTOR:g} "
+                             "without a condition)"},
 ]
 EXCEPTION_KINDS = {"nan": "NaN", "inf": "Inf", "divergence": "Divergence", "race": "Race",
-                   "hang": "Hang"}  # exceptionInfo typeName, stopped text
+                   "hang": "Hang", LOSS_SPIKE: "LossSpike"}  # exceptionInfo typeName, stopped text
+_SAID_IN_EVIDENCE = ("race", "hang", LOSS_SPIKE)  # findings whose evidence says it all (exceptionInfo's stackTrace)
 DEFAULT_EXCEPTION_FILTERS = {f["filter"] for f in EXCEPTION_FILTERS if f["default"]}
 
 
@@ -67,6 +78,7 @@ class SourceBreakpoint(Arguments):
     condition: str | None = None
     hitCondition: str | None = None
     logMessage: str | None = None
+    mode: Any = None  # Rewind's own: forward, backward, both; anything else is one unverified breakpoint
 
 
 class SetBreakpointsArguments(Arguments):
@@ -82,7 +94,7 @@ class SetBreakpointsArguments(Arguments):
 @capability("supportsLogPoints")
 def set_breakpoints(adapter: "RequestContext", args: SetBreakpointsArguments) -> dict:
     wanted = args.breakpoints if args.breakpoints is not None else [SourceBreakpoint(line=n) for n in args.lines or []]
-    specs = [LineSpec(adapter.engine_line(b.line), b.condition, b.hitCondition, b.logMessage) for b in wanted]
+    specs = [LineSpec(adapter.engine_line(b.line), b.condition, b.hitCondition, b.logMessage, b.mode) for b in wanted]
     bps = adapter.session.set_line_breakpoints(source_path(args.source), specs)
     return {"breakpoints": [_breakpoint(adapter, bp, args.source, spec.line) for bp, spec in zip(bps, specs)]}
 
@@ -91,6 +103,7 @@ class FunctionBreakpoint(Arguments):
     name: str
     condition: str | None = None
     hitCondition: str | None = None
+    mode: Any = None  # as a SourceBreakpoint's
 
 
 class SetFunctionBreakpointsArguments(Arguments):
@@ -102,7 +115,7 @@ class SetFunctionBreakpointsArguments(Arguments):
 def set_function_breakpoints(adapter: "RequestContext", args: SetFunctionBreakpointsArguments) -> dict:
     """Node names (`softmax_1`), ops (`aten.softmax`), module paths (`blocks.2.attn`, `model.layers.1.mlp`) and
     module classes (`LlamaRMSNorm`)."""
-    specs = [FunctionSpec(b.name, b.condition, b.hitCondition) for b in args.breakpoints]
+    specs = [FunctionSpec(b.name, b.condition, b.hitCondition, b.mode) for b in args.breakpoints]
     return {"breakpoints": [_breakpoint(adapter, bp) for bp in adapter.session.set_function_breakpoints(specs)]}
 
 
@@ -119,13 +132,24 @@ class SetExceptionBreakpointsArguments(Arguments):
 @request("setExceptionBreakpoints")
 @capability("exceptionBreakpointFilters", EXCEPTION_FILTERS)
 def set_exception_breakpoints(adapter: "RequestContext", args: SetExceptionBreakpointsArguments) -> dict:
+    """Filters by name, or with options: loss-spike's `condition` is k=N. One unknown filter or bad condition is
+    one unverified breakpoint (that filter left off); the others are set."""
     known = {f["filter"] for f in EXCEPTION_FILTERS}
-    asked = list(args.filters) + [o.filterId for o in args.filterOptions or []]
-    adapter.session.set_exception_filters({f for f in asked if f in known})
-    return {"breakpoints": [{"verified": True} if f in known else
-                            {"verified": False,
-                             "message": f"unknown filter '{echo(f)}' (known: {', '.join(sorted(known))})"}
-                            for f in asked]}
+    asked = [(f, None) for f in args.filters] + [(o.filterId, o.condition) for o in args.filterOptions or []]
+    answers, chosen, conditions = [], set(), {}
+    for name, condition in asked:
+        why = f"unknown filter '{echo(name)}' (known: {', '.join(sorted(known))})" if name not in known else None
+        if why is None and condition is not None:
+            try:
+                check_condition(name, condition)
+                conditions[name] = condition
+            except RewindError as exc:
+                why = brief(str(exc))
+        if why is None:
+            chosen.add(name)
+        answers.append({"verified": True} if why is None else {"verified": False, "message": why})
+    adapter.session.set_exception_filters(chosen, conditions)
+    return {"breakpoints": answers}
 
 
 class ExceptionInfoArguments(Arguments):
@@ -143,7 +167,7 @@ def exception_info(adapter: "RequestContext", args: ExceptionInfoArguments) -> d
     what = "element(s) beyond tolerance of the reference in" if d.filter == "divergence" else f"{kind} written to"
     trace = (f"{d.count} {what} '{d.value}', first at index {first}\n"
              f"by node '{d.node}' ({d.op}) at {d.source or 'no source line'}\ninputs:\n{inputs or '  none'}")
-    if d.filter in ("race", "hang"):  # the units involved are in the evidence (hardware/session/instruction_cursor.py)
+    if d.filter in _SAID_IN_EVIDENCE:  # the units involved, the losses: in the evidence
         trace = d.description()
     return {"exceptionId": d.filter, "description": d.description(), "breakMode": "always",
             "details": {"message": d.description(), "typeName": kind, "fullTypeName": d.op, "evaluateName": d.value,

@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     debug.add_argument("program", nargs="?", help="the model's Python file (or --trace FILE)")
     debug.add_argument("--driver", default="auto", help="auto, torch:cpu, torch:cuda, torch:cuda:N (default auto)")
     debug.add_argument("--entry", default="build", help="the function returning (module, inputs) (default build)")
+    debug.add_argument("--steps", type=int, help="with --entry train_step: training steps to run (default 1)")
     debug.add_argument("-x", dest="script", metavar="FILE", help="run the commands in FILE, then exit")
     debug.add_argument("--json", action="store_true", help="print one JSON object per command (for agents)")
     debug.add_argument("--trace", metavar="FILE", help="open a recorded trace instead: no device needed")
@@ -55,5 +56,5 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         overwrite = True
     target = {"trace": args.trace} if args.trace else {"program": args.program, "record": args.record,
-                                                        "overwrite": overwrite or None}
+                                                        "overwrite": overwrite or None, "steps": args.steps}
     return console.run(target, args.driver, args.entry, args.script, args.json)

@@ -20,6 +20,7 @@ from dap_server.console_numerics import NumericsCommands
 from dap_server.console_result import Command, CommandError, Result
 
 HISTORY = Path.home() / ".rewind_history"
+BREAKPOINT_MODES = ("forward", "backward", "both")  # a breakpoint's `mode`, as the server takes it
 _EXISTS = re.compile(r"exists; (send|set) overwrite")  # saveTrace's answer for an existing file
 PROMPT = "(rewind) "
 NAMES = ("Names: a bare name is a variable of the selected frame, else a program value; $name is always the "
@@ -34,6 +35,7 @@ class ConsoleBreakpoint:
     where: str  # path, or a node / op / module path
     line: int | None = None
     condition: str | None = None
+    mode: str | None = None  # forward, backward, both: a training step's nodes it stops in (None: the launch's)
     server_id: int | None = None
     verified: bool = False
     message: str | None = None
@@ -42,7 +44,14 @@ class ConsoleBreakpoint:
         where = f"{Path(self.where).name}:{self.line}" if self.kind == "line" else self.where
         state = "" if self.verified else f" (not verified: {self.message})"
         cond = f" if {self.condition}" if self.condition else ""
-        return f"breakpoint {self.number} at {where}{cond}{state}"
+        mode = f" ({self.mode})" if self.mode else ""
+        return f"breakpoint {self.number} at {where}{mode}{cond}{state}"
+
+    def spec(self) -> dict:
+        """The breakpoint as setBreakpoints or setFunctionBreakpoints takes it."""
+        where = {"line": self.line} if self.kind == "line" else {"name": self.where}
+        return {**where, **({"condition": self.condition} if self.condition else {}),
+                **({"mode": self.mode} if self.mode else {})}
 
 
 class Console(NumericsCommands):
@@ -63,8 +72,9 @@ class Console(NumericsCommands):
 
     def session_commands(self) -> list[Command]:
         return [
-            Command(("break", "b"), self.cmd_break, "break FILE:LINE [if COND] | break NODE|OP|MODULE|CLASS [if COND]",
-                    "set a breakpoint (without arguments: list them)"),
+            Command(("break", "b"), self.cmd_break, "break FILE:LINE|LINE|NODE|OP|MODULE|CLASS [forward|backward|both] "
+                    "[if COND]", "set a breakpoint (LINE: in the file shown; backward: where a training step "
+                    "differentiates it; without arguments: list them)"),
             Command(("condition",), self.cmd_condition, "condition N [EXPR]", "set or clear breakpoint N's condition"),
             Command(("delete",), self.cmd_delete, "delete N", "delete breakpoint N"),
             Command(("continue", "c"), self.cmd_continue, "continue", "run forward to the next stop"),
@@ -74,7 +84,8 @@ class Console(NumericsCommands):
             Command(("finish", "out"), self.cmd_finish, "finish", "run until the function returns"),
             Command(("back",), self.cmd_back, "back [node|instruction]", "a line back, over calls (as gdb)"),
             Command(("rc",), self.cmd_rc, "rc", "reverse-continue: back to the previous stop"),
-            Command(("goto",), self.cmd_goto, "goto FILE:LINE [N]", "go to the N-th time that line runs"),
+            Command(("goto",), self.cmd_goto, "goto FILE:LINE [N] | goto step N",
+                    "go to the N-th time that line runs, or to the start of training step N (from 0)"),
             Command(("print", "p", "eval"), self.cmd_print, "print EXPR",
                     "a safe expression over tensors in the selected frame"),
             Command(("locals",), self.cmd_locals, "locals", "the selected frame's variables"),
@@ -237,10 +248,15 @@ class Console(NumericsCommands):
         return self._motion("goto", {"targetId": tick + 1})
 
     def cmd_goto(self, args: str) -> Result:
-        """goto FILE:LINE [N]: the N-th tick (1-based, default 1) where that line runs."""
+        """goto FILE:LINE [N]: the N-th tick (1-based, default 1) where that line runs; goto step N: the start of
+        training step N (from 0)."""
         parts = args.split()
+        if parts[:1] == ["step"]:
+            if len(parts) != 2 or not (parts[1].isascii() and parts[1].isdigit()):
+                raise CommandError(f"usage: goto step N, N a training step from 0 (got '{args[:40]}')")
+            return self._motion("gotoStep", {"step": int(parts[1])})
         if not parts or ":" not in parts[0]:
-            raise CommandError("usage: goto FILE:LINE [N]")
+            raise CommandError("usage: goto FILE:LINE [N] | goto step N")
         path, line = self._file_line(parts[0])
         targets = self.client.request("gotoTargets", {"source": {"path": path}, "line": line})["targets"]
         n = int(parts[1]) if len(parts) > 1 else 1
@@ -257,20 +273,23 @@ class Console(NumericsCommands):
 
     # -- breakpoints ---------------------------------------------------------------------------------
     def cmd_break(self, args: str) -> Result:
-        """break FILE:LINE [if COND] | break NODE-OR-OP-OR-MODULE [if COND] | break (list). A module is its path as
-        written from the user's variable (model.layers[1].mlp, layers.1.mlp) or its class (LlamaRMSNorm: each
-        instance); the server resolves it against the Program."""
+        """break FILE:LINE [MODE] [if COND] | break LINE [MODE] [if COND] (a line of the file the top frame shows) |
+        break NODE-OR-OP-OR-MODULE [MODE] [if COND] | break (list). A module is its path as written from the user's
+        variable (model.layers[1].mlp, layers.1.mlp) or its class (LlamaRMSNorm: each instance); the server resolves
+        it against the Program. MODE: forward, backward or both, the nodes of a training step it stops in."""
         if not args:
             text = "\n".join(bp.describe() for bp in self.breakpoints) or "no breakpoints"
             return Result(text, {"breakpoints": [vars(bp) for bp in self.breakpoints]})
         where, _, condition = args.partition(" if ")
-        where = where.strip()
+        where, mode = _mode_of(where.strip())
         number = self._numbered + 1  # taken below, once the breakpoint is made
+        if where.isascii() and where.isdigit():
+            where = f"{self._shown_file()}:{where}"
         if ":" in where and where.rsplit(":", 1)[1].isdigit():
             path, line = self._file_line(where)
-            bp = ConsoleBreakpoint(number, "line", path, line, condition.strip() or None)
+            bp = ConsoleBreakpoint(number, "line", path, line, condition.strip() or None, mode)
         else:
-            bp = ConsoleBreakpoint(number, "function", where, None, condition.strip() or None)
+            bp = ConsoleBreakpoint(number, "function", where, None, condition.strip() or None, mode)
         self._numbered = number
         self.breakpoints.append(bp)
         self._sync(bp)
@@ -300,16 +319,23 @@ class Console(NumericsCommands):
         """Send the whole set of breakpoints of the kind (and file) that changed, as DAP wants."""
         if changed.kind == "line":
             same = [bp for bp in self.breakpoints if bp.kind == "line" and bp.where == changed.where]
-            specs = [{"line": bp.line, **({"condition": bp.condition} if bp.condition else {})} for bp in same]
-            answer = self.client.request("setBreakpoints", {"source": {"path": changed.where}, "breakpoints": specs})
+            answer = self.client.request("setBreakpoints", {"source": {"path": changed.where},
+                                                            "breakpoints": [bp.spec() for bp in same]})
         else:
             same = [bp for bp in self.breakpoints if bp.kind == "function"]
-            specs = [{"name": bp.where, **({"condition": bp.condition} if bp.condition else {})} for bp in same]
-            answer = self.client.request("setFunctionBreakpoints", {"breakpoints": specs})
+            answer = self.client.request("setFunctionBreakpoints", {"breakpoints": [bp.spec() for bp in same]})
         for bp, got in zip(same, answer["breakpoints"]):
             bp.server_id, bp.verified, bp.message = got.get("id"), got["verified"], got.get("message")
             if bp.kind == "line" and got.get("line"):
                 bp.line = got["line"]
+
+    def _shown_file(self) -> str:
+        """The source file of the innermost frame that has one (where `break LINE` sets its breakpoint)."""
+        frames = self.client.request("stackTrace", {"threadId": 1})["stackFrames"]
+        path = next((f["source"]["path"] for f in frames if f.get("source", {}).get("path")), None)
+        if path is None:
+            raise CommandError("no source file is shown here: give the file too, break FILE:LINE")
+        return path
 
     def _file_line(self, text: str) -> tuple[str, int]:
         file, _, line = text.rpartition(":")
@@ -510,6 +536,12 @@ class Console(NumericsCommands):
                 return
             except KeyboardInterrupt:  # Ctrl-C drops the line (a motion has already been paused), as in a shell
                 print(file=self.out)
+
+
+def _mode_of(where: str) -> tuple[str, str | None]:
+    """`model.py:24 backward` -> ("model.py:24", "backward"): a breakpoint's place and the mode after it."""
+    place, _, last = where.rpartition(" ")
+    return (place.strip(), last) if place and last in BREAKPOINT_MODES else (where, None)
 
 
 def _working_directory() -> str | None:

@@ -28,8 +28,10 @@ class ExperimentCommands:
     def experiment_commands(self) -> list[Command]:
         return [
             Command(("patch",), self.cmd_patch, "patch precision NODE DTYPE | patch function NODE FILE [FUNCTION] | "
-                    "patch attributes NODE KEY=VALUE ... | patch edit VALUE[I,J,...] NUMBER, then [as NAME] "
-                    "[in BRANCH]", "patch a node (a name, an op or a module path) on a branch, and install it"),
+                    "patch attributes NODE KEY=VALUE ... | patch optimizer KEY=VALUE ... | patch edit "
+                    "VALUE[I,J,...] NUMBER, then [as NAME] [in BRANCH] [--from-step K]",
+                    "patch a node (a name, an op or a module path), or a training step's optimizer (lr=0.01), on a "
+                    "branch (from step K on), and install it"),
             Command(("patches",), self.cmd_patches, "patches", "list the branches and their patches (* installed)"),
             Command(("unpatch",), self.cmd_unpatch, "unpatch NAME [in BRANCH]", "remove a patch"),
             Command(("branch",), self.cmd_branch, "branch NAME", "install a branch"),
@@ -46,13 +48,15 @@ class ExperimentCommands:
         return self.client.request(command, arguments, timeout=timeout)
 
     def cmd_patch(self, args: str) -> Result:
-        words, options = _trailing_options(args.split())
+        step: dict = {}
+        words, options = _trailing_options(_from_step(args.split(), step))
         kind = words[0] if words else ""
         if kind not in PATCH_KINDS:
-            raise CommandError(f"usage: patch {'|'.join(PATCH_KINDS)} ... [as NAME] [in BRANCH] (see: help)")
+            raise CommandError(f"usage: patch {'|'.join(PATCH_KINDS)} ... [as NAME] [in BRANCH] [--from-step K] "
+                               "(see: help)")
         fields, name = PATCH_KINDS[kind](words[1:])
         name = options.pop("name", name)
-        body = self._request("addPatch", {"name": name, **options, **fields})
+        body = self._request("addPatch", {"name": name, **options, **step, **fields})
         return Result(f"added patch '{name}' to branch '{body['active']}' (installed)\n{describe_listing(body)}", body)
 
     def cmd_patches(self, args: str) -> Result:
@@ -144,6 +148,14 @@ def _attribute(pair: str) -> tuple[str, object]:
             from None
 
 
+def _optimizer(words: list[str]) -> tuple[dict, str]:
+    if not words:
+        raise CommandError("usage: patch optimizer KEY=VALUE ... (a training step's hyperparameters: lr=0.01, "
+                           "eps=1e-4, betas=(0.9,0.99))")
+    changes = dict(_attribute(p) for p in words)
+    return {"optimizer": changes}, f"optimizer-{'-'.join(changes)}"
+
+
 def _edit(words: list[str]) -> tuple[dict, str]:
     match = _EDIT.match(" ".join(words))
     if not match:
@@ -158,7 +170,19 @@ def _edit(words: list[str]) -> tuple[dict, str]:
 
 
 PATCH_KINDS: dict[str, Callable[[list[str]], tuple[dict, str]]] = {
-    "precision": _precision, "function": _function, "attributes": _attributes, "edit": _edit}
+    "precision": _precision, "function": _function, "attributes": _attributes, "optimizer": _optimizer,
+    "edit": _edit}
+
+
+def _from_step(words: list[str], options: dict) -> list[str]:
+    """The words without `--from-step K` (anywhere), K put in `options` as addPatch's fromStep."""
+    if "--from-step" not in words:
+        return words
+    at = words.index("--from-step")
+    if at + 1 >= len(words) or not words[at + 1].isdigit() or words.count("--from-step") > 1:
+        raise CommandError("--from-step takes one step number (0 is the first step), once")
+    options["fromStep"] = int(words[at + 1])
+    return words[:at] + words[at + 2:]
 
 
 def _trailing_options(words: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -236,8 +260,25 @@ def describe_measurement(m: dict) -> str:
                        [[str(n["tick"]), n["node"] + ("*" if n["patch"] else ""), n["op"], ratio_text(n["error"]),
                          ratio_text(n["originalError"]), _time(n["seconds"]), _time(n["originalSeconds"])]
                         for n in m["nodes"]])
+    if "lossCurve" in m:
+        lines.append("the loss at each step:")
+        lines += table(["step", "original", "patched", "patched - original"],
+                       [[str(r["step"]), _number(r["original"]), _number(r["patched"]), _difference(r)]
+                        for r in m["lossCurve"]])
     lines.append(f"time from tick {m['tick']}: {_time(m['seconds'])} (original {_time(m['originalSeconds'])})")
     return "\n".join(lines)
+
+
+def _number(x: float | str) -> str:
+    return x if isinstance(x, str) else f"{x:.6g}"
+
+
+def _difference(row: dict) -> str:
+    """The patched loss minus the original's (`same` where they are equal bit for bit)."""
+    a, b = row["patched"], row["original"]
+    if a == b:
+        return "same"
+    return "-" if isinstance(a, str) or isinstance(b, str) else f"{a - b:+.3g}"
 
 
 def describecomparison_text(c: dict) -> str:

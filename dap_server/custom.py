@@ -72,7 +72,8 @@ def timeline(adapter: "RequestContext", args: TimelineArguments) -> dict:
     adapter.require_launched()
     session = adapter.session
     start = session.position if args.start is None else args.start
-    return {"position": session.position, "end": session.end, "ticks": session.timeline_entries(start, args.count)}
+    return {"position": session.position, "end": session.end, "ticks": session.timeline_entries(start, args.count),
+            "steps": session.steps()}
 
 
 class TimelineEventsArguments(StrictArguments):

@@ -37,6 +37,8 @@ class AddPatchArguments(StrictArguments):
     entry: str | None = None  # which function of `function`, when it defines several
     attributes: dict[str, Any] | None = None  # the op's attributes to change: {"eps": 1e-3}
     edit: EditArguments | None = None  # set one element of a node's output
+    optimizer: dict[str, Any] | None = None  # a training step's optimizer hyperparameters to change: {"lr": 0.01}
+    fromStep: int | None = None  # a training step: the nodes named as each step from this one on runs them
 
 
 @request("addPatch")
@@ -44,8 +46,11 @@ def add_patch(adapter: "RequestContext", args: AddPatchArguments) -> dict:
     """Add a named patch to a branch and install that branch (the position stays)."""
     session = _launched(adapter)
     edit = args.edit.model_dump() if args.edit else None
+    options = session.options
     patch = named_patch(session.program, args.name, args.node, precision=args.precision,
-                        function=args.function, entry=args.entry, attributes=args.attributes, edit=edit)
+                        function=args.function, entry=args.entry, attributes=args.attributes, edit=edit,
+                        optimizer=args.optimizer, from_step=args.fromStep,
+                        model=(options.program, options.entry) if options else ("", ""))
     with _changing(adapter, f"Installing branch {args.branch}"):
         session.experiments.add(args.branch, patch)
     return session.experiments.listing()
@@ -93,7 +98,8 @@ class MeasureBranchArguments(StrictArguments):
 
 @request("measureBranch")
 def measure_branch(adapter: "RequestContext", args: MeasureBranchArguments) -> dict:
-    """Outputs against the reference and the original, each node's error and time from the patch point on."""
+    """Outputs against the reference and the original, each node's error and time from the patch point on (a
+    training Program's loss at each step too: `lossCurve`)."""
     session = _launched(adapter)
     branch = args.branch or session.experiments.active
     if branch == ORIGINAL:

@@ -69,6 +69,7 @@ class LaunchArguments(StrictArguments):
     overwrite: bool = False  # with record: replace an existing file there (when the recording is closed)
     entry: str = "build"  # train_step: a training step (forward, backward, the optimizer's update)
     steps: int = Field(1, ge=1)  # training steps, one after another on the tick axis
+    breakpointMode: Literal["forward", "backward", "both"] = "forward"  # a training step's nodes breakpoints stop in
     driver: str = "auto"  # auto, torch:cpu, torch:cuda, torch:cuda:N (the driver names its own errors)
     stopOnEntry: bool = False
     checkpoint: CheckpointOptions = CheckpointOptions()
@@ -109,6 +110,7 @@ class LaunchArguments(StrictArguments):
             else path(self.reference)  # a driver (torch:cpu:float64), or a file: a trace or saved values
         return LaunchOptions(program=path(self.program) or "", trace=path(self.trace), record=path(self.record),
                              overwrite=self.overwrite, entry=self.entry, steps=self.steps,
+                             breakpoint_mode=self.breakpointMode,
                              driver=self.driver, budget_mb=self.checkpoint.budgetMB, every=self.checkpoint.every,
                              host_mb=self.checkpoint.hostMB, disk_mb=self.checkpoint.diskMB,
                              spill_dir=path(self.checkpoint.spillDir),

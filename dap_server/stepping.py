@@ -1,4 +1,5 @@
-"""Moving through time: continue, next, stepIn (and stepInTargets), stepOut, stepBack, reverseContinue, goto, pause.
+"""Moving through time: continue, next, stepIn (and stepInTargets), stepOut, stepBack, reverseContinue, goto, pause;
+and Rewind's own gotoStep: to the start of a training step.
 
 Direction is a parameter of the Session's primitives, so reverse is not a parallel code path:
 `stepBack` is `next` with Direction.REVERSE. Each request answers at once; the motion runs on
@@ -14,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 from dap_server.frames import thread_unit
-from dap_server.requests import Arguments, capability, request
+from dap_server.requests import Arguments, StrictArguments, capability, request
 from dap_server.sources import SourceRef, source_path
 from hardware.errors import RewindError
 from hardware.session import Direction
@@ -160,3 +161,17 @@ def goto(adapter: "RequestContext", args: GotoArguments) -> None:
     if not 0 <= tick <= end:
         raise RewindError(f"goto target {args.targetId} is not a tick of the program (targets are 1..{end + 1})")
     adapter.resume(lambda: adapter.session.goto(tick), f"Going to tick {tick}")
+
+
+class GotoStepArguments(StrictArguments):
+    step: int  # a training step, from 0
+    threadId: int = 1
+
+
+@request("gotoStep")
+def goto_step(adapter: "RequestContext", args: GotoStepArguments) -> None:
+    """Rewind's own: to the start of a training step, before its first node runs (a step it does not have is an
+    error answered at once)."""
+    thread_unit(adapter, args.threadId)
+    adapter.session.step_start(args.step)
+    adapter.resume(lambda: adapter.session.goto_step(args.step), f"Going to step {args.step}")

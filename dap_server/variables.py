@@ -1,5 +1,8 @@
 """scopes, variables, setVariable: tensors as DAP variables, paged, with where they live and who wrote them.
 
+Scopes: the node's inputs and outputs, the frame's arguments and locals, the live values, in a training step each
+parameter's gradient in the step shown (`Gradients`: `grad(l1.weight)`, which evaluate reads back), the parameters.
+
 A tensor's value string shows dtype, shape, device, min/max/mean and NaN/Inf counts (from the
 write log, so showing it costs no pass over the data). Its children are `location`,
 `provenance` and `stats`, then its elements paged through `indexedVariables`: rows of the first
@@ -319,6 +322,10 @@ def scopes(adapter: "RequestContext", args: ScopesArguments) -> dict:
     out.append(_scope(adapter, "Locals", [Entry(k, v) for k, v in names.items()], "locals"))
     live = [n for n in session.live_values() if program.values[n].kind not in _PARAMETER_KINDS]
     out.append(_scope(adapter, "Live values", [Entry(n, n) for n in live], None))
+    gradients = session.gradients()  # a training step's, by parameter: `grad(l1.weight)` evaluates to one
+    if gradients:
+        entries = [Entry(f"grad({path})", value, "gradient") for path, value in gradients.items()]
+        out.append(_scope(adapter, "Gradients", entries, None, expensive=len(entries) > 200))
     params = [n for n, info in program.values.items() if info.kind in _PARAMETER_KINDS]
     out.append(_scope(adapter, "Parameters", [Entry(n, n) for n in params], None, expensive=len(params) > 200))
     return {"scopes": out}

@@ -99,13 +99,15 @@ class ExceptionDetails:
     first_index: tuple[int, ...] | None
     inputs: dict[str, dict]  # input name -> stats
     evidence: dict = field(default_factory=dict)  # forensics: failure pattern, errors against the reference
+    context: str = ""  # where in a training step the write was: "in the backward of log" (none in a forward)
 
     def description(self) -> str:
         where = f" at {self.source}" if self.source else ""
-        if self.filter in ("race", "hang"):  # parallel findings of a many-core chip (hardware/session/instruction_cursor.py)
+        if self.filter in ("race", "hang", "loss-spike"):  # a many-core chip's findings, a training run's loss
             return self.evidence["message"]
         if self.filter == "divergence":
             return (f"'{self.value}' diverges from the reference at {self.count} element(s): "
                     f"{self.op} ('{self.node}'){where} introduced the error")
         what = "NaN" if self.filter == "nan" else "Inf"
-        return f"{self.count} {what} written to '{self.value}' by {self.op} ('{self.node}')" + where
+        context = f", {self.context}" if self.context else ""
+        return f"{self.count} {what} written to '{self.value}' by {self.op} ('{self.node}')" + where + context

@@ -102,6 +102,12 @@ class UndefinedNameError(ExpressionError):
 
 PROGRAM_VALUE = "$"  # `$div`: the Program value `div`, even where a function, a constant or a variable has its name
 _DOLLAR = "'$' goes right before a value's name, as in $div"
+GRADIENT = "grad"  # grad(l1.weight): a training step's gradient of a parameter, read as the name `grad(l1.weight)`
+
+
+def gradient_path(name: str) -> str | None:
+    """The parameter a name `grad(PATH)` is the gradient of (None for any other name)."""
+    return name[len(GRADIENT) + 1:-1] if name.startswith(GRADIENT + "(") and name.endswith(")") else None
 
 
 def compile_expression(text: str) -> ast.Expression:
@@ -127,21 +133,68 @@ def _compiled(text: str) -> ast.Expression:
     except (ValueError, RecursionError, MemoryError):
         raise ExpressionError(f"'{echo(text, ECHO_WHOLE)}' is not an expression Rewind can read "
                               "(it nests too deeply or holds characters Python does not accept)") from None
+    gradients = _Gradients(marked)
     found = 0
     stack: list[tuple[ast.AST, int]] = [(tree, 0)]
     while stack:  # iterative: the tree may be deeper than the evaluator may recurse
         node, depth = stack.pop()
         if depth > MAX_DEPTH:
             raise ExpressionError(f"the expression nests too deeply (more than {MAX_DEPTH} levels)")
+        gradients.replace_in(node)
         _check(node)
         if isinstance(node, ast.Name) and (node.lineno, node.col_offset) in marked:
             node.program_value = True
             found += 1
         stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
-    if found != len(marked):  # a `$` before an attribute (x.$y): not a value's name
+    if found + gradients.consumed != len(marked):  # a `$` before an attribute (x.$y): not a value's name
         raise ExpressionError(f"{_DOLLAR} (got '{echo(text, ECHO_WHOLE)}')")
     tree.program_values = marked
     return tree
+
+
+class _Gradients:
+    """`grad(PATH)`, PATH a parameter's module path (`layers[1].attn.q.weight`) or a name, becomes one name,
+    `grad(PATH)`, that the values an expression reads resolve: the gradient is a value of its own, not a function
+    of the parameter's tensor."""
+
+    def __init__(self, marked: frozenset[tuple[int, int]]):
+        self.marked = marked
+        self.consumed = 0  # `$name`s taken as a parameter: grad($p_l1_weight)
+
+    def replace_in(self, parent: ast.AST) -> None:
+        """Replace each grad(PATH) among `parent`'s children by its name."""
+        for field, value in ast.iter_fields(parent):
+            if isinstance(value, list):
+                value[:] = [self._named(v) for v in value]
+            elif isinstance(value, ast.AST):
+                setattr(parent, field, self._named(value))
+
+    def _named(self, node: Any) -> Any:
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == GRADIENT
+                and (node.func.lineno, node.func.col_offset) not in self.marked):
+            return node
+        path = self._path(node.args[0]) if len(node.args) == 1 and not node.keywords else None
+        if path is None:
+            raise ExpressionError("grad() takes one parameter, by its module path or name, as in grad(l1.weight)")
+        return ast.copy_location(ast.Name(id=f"{GRADIENT}({path})", ctx=ast.Load()), node)
+
+    def _path(self, node: ast.AST) -> str | None:
+        """`layers[1].q.weight` as written (a name, attributes, integer indices); None for anything else."""
+        parts: list[str] = []
+        while not isinstance(node, ast.Name):
+            if isinstance(node, ast.Attribute) and not node.attr.startswith("_"):
+                parts.append(f".{node.attr}")
+            elif (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+                  and type(node.slice.value) is int):
+                parts.append(f"[{node.slice.value}]")
+            else:
+                return None
+            node = node.value
+        if node.id.startswith("_"):
+            return None
+        dollar = (node.lineno, node.col_offset) in self.marked
+        self.consumed += dollar
+        return PROGRAM_VALUE * dollar + node.id + "".join(reversed(parts))
 
 
 def _program_values(text: str) -> tuple[str, frozenset[tuple[int, int]]]:

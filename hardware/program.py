@@ -124,6 +124,17 @@ def _collect_refs(obj: Any, out: list[str]) -> None:
             _collect_refs(item, out)
 
 
+def renamed_refs(obj: Any, rename: Mapping[str, str]) -> Any:
+    """Node arguments with each Ref renamed by `rename` (a Ref it does not name stays)."""
+    if isinstance(obj, Ref):
+        return Ref(rename.get(obj.name, obj.name))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(renamed_refs(o, rename) for o in obj)
+    if isinstance(obj, dict):
+        return {k: renamed_refs(v, rename) for k, v in obj.items()}
+    return obj
+
+
 class _Binder:
     """A tuple, list or dict of arguments as a template and the places in it where Refs (or containers holding
     Refs) go."""
@@ -165,6 +176,7 @@ class Program:
     step_starts: list[int] = field(default_factory=list)  # the first node of each step
     losses: list[str] = field(default_factory=list)  # the loss value of each step
     gradients: list[dict[str, str]] = field(default_factory=list)  # per step: parameter value -> its gradient
+    optimizer: str = ""  # the optimizer's class, as its update is named (AdamW)
 
     def __post_init__(self) -> None:
         self._compute_liveness()

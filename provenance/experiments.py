@@ -9,7 +9,8 @@ checked against their recorded digests). The position stays where the user has i
 
 Measuring a branch compares its outputs with the reference pass and with the original (unpatched)
 pass, and every node from the patch point on with the reference, next to the original's error and
-the time each node took in both.
+the time each node took in both; a training Program's, its loss at each step on the branch and in the
+original (a patch from step k on leaves the losses up to step k as they were).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from hardware.jsonable import json_safe
 from hardware.program import Node, Program
 from provenance.compare import compare, error
 from provenance.forensics import WithForensics
+from provenance.steps import is_training
 
 ORIGINAL = "original"
 ORIGINALS_KEPT = 8  # measurements of the original pass remembered (each holds a copy of its outputs)
@@ -132,12 +134,20 @@ class Experiments:
         tl.seek(tl.end)  # executes the branch (the Timeline times each step)
         tl.seek(position)
         rows = [self._row(t, original.rows[t]) for t in range(tick, tl.end) if t in original.rows] if nodes else []
-        now = zip(self.program.outputs, self._outputs_now(), f.outputs(), original.outputs, original.reference)
+        mine = self._outputs_now()
+        now = zip(self.program.outputs, mine, f.outputs(), original.outputs, original.reference)
         outputs = [{"value": name, "reference": ref.to_dict(), "original": self._against(name, ours, theirs),
                     "originalReference": theirs_ref} for name, ours, ref, theirs, theirs_ref in now]
+        curve = {"lossCurve": self._loss_curve(mine, original.outputs)} if is_training(self.program) else {}
         return json_safe({"branch": branch, "tick": tick, "patches": self.listing_of(branch), "outputs": outputs,
-                          "nodes": rows, "seconds": _total(tl, tick, tl.seconds),
+                          **curve, "nodes": rows, "seconds": _total(tl, tick, tl.seconds),
                           "originalSeconds": _total(tl, tick, original.seconds)})
+
+    def _loss_curve(self, mine: list[torch.Tensor], original: list[torch.Tensor]) -> list[dict]:
+        """A training Program's loss at each step, on the branch and in the original pass."""
+        at = {name: i for i, name in enumerate(self.program.outputs)}
+        return [{"step": k, "original": float(original[at[loss]]), "patched": float(mine[at[loss]])}
+                for k, loss in enumerate(self.program.losses)]
 
     def compare(self, branches: list[str]) -> dict:
         """Measure each branch; side by side: the outputs' errors and each node's error and time."""

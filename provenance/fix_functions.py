@@ -63,3 +63,14 @@ def softmax_zero_masked_rows(x, dim, *rest):
     """softmax, with the rows whose every element is -inf (nothing to attend to) set to zero instead of NaN."""
     empty = torch.isneginf(x).all(dim, keepdim=True)
     return torch.softmax(x.masked_fill(empty, 0.0), dim).masked_fill(empty, 0.0)
+
+
+def div_where_gradient_is_zero(grad, x):
+    """grad / x, with x taken as 1 where the gradient passed back is 0: there a `where` discarded the forward's
+    value, and the backward of the double where (log(where(x > 0, x, 1))) divides by 1, not by the 0 it masked."""
+    return grad / torch.where(grad == 0, 1.0, x)
+
+
+def sqrt_with_epsilon(x):
+    """sqrt(x + tiny): the same roots wherever x is a normal number, and a finite gradient where x is 0."""
+    return torch.sqrt(x + torch.finfo(x.dtype).tiny)

@@ -22,7 +22,7 @@ import hashlib
 import linecache
 import types
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,6 +32,9 @@ from checkpoint.branch import AttributePatch, EditPatch, FunctionPatch, Patch, P
 from hardware.errors import RewindError, raised_in_user_code
 from hardware.program import Program
 from provenance.experiments import NamedPatch, nodes_named
+from provenance.program_edits import ProgramEdit
+from provenance.hyperparameters import hyperparameter_patches
+from provenance.steps import counterparts, nodes_from_step
 
 Guard = Callable[[], AbstractContextManager]
 
@@ -47,18 +50,34 @@ class FunctionSource:
 
 @dataclass
 class Candidate:
-    """A candidate fix: patches of nodes, and the source of every function among them."""
+    """A candidate fix: patches of nodes, and the source of every function among them; or an edit of a training
+    Program (provenance/program_edits.py: nodes inserted, loss scaling or gradient clipping)."""
 
     name: str
     origin: str  # "fix" (a fixer's file), "learned" (the knowledge base's record), "built-in" (a recipe)
     patches: list[Patch]
     sources: dict[int, FunctionSource] = field(default_factory=dict)  # node index -> its function's source
     note: str = ""
+    edit: ProgramEdit | None = None
 
     def to_dict(self, program: Program) -> dict:
-        return {"name": self.name, "origin": self.origin, "note": self.note,
-                "patches": [{"node": program.nodes[p.node].name, "op": program.nodes[p.node].op, **p.to_dict()}
-                            for p in self.patches]}
+        out = {"name": self.name, "origin": self.origin, "note": self.note,
+               "patches": [{"node": program.nodes[p.node].name, "op": program.nodes[p.node].op, **p.to_dict()}
+                           for p in self.patches]}
+        return {**out, "edit": self.edit.to_dict()} if self.edit is not None else out
+
+    def in_every_step(self, program: Program) -> "Candidate":
+        """The same fix of each patched node in every step of a training Program: a fix of a node's code is a fix
+        of each step that runs it."""
+        patches: dict[int, Patch] = {}
+        sources = dict(self.sources)
+        for p in self.patches:
+            for node in counterparts(program, p.node):
+                if node not in patches:
+                    patches[node] = replace(p, node=node)
+                    if p.node in self.sources:
+                        sources[node] = self.sources[p.node]
+        return replace(self, patches=list(patches.values()), sources=sources)
 
     def guarded(self, guard: Guard) -> list[Patch]:
         """The patches, every function among them running under `guard` (the integrity audit)."""
@@ -164,23 +183,39 @@ def _function_name(fn: Callable[..., Any], module: dict[str, Any], file: str) ->
 
 def named_patch(program: Program, name: str, node: str | None, *, precision: str | None = None,
                 function: str | None = None, entry: str | None = None, attributes: dict | None = None,
-                edit: dict | None = None) -> NamedPatch:
+                edit: dict | None = None, optimizer: dict | None = None, from_step: int | None = None,
+                model: tuple[str, str] = ("", "")) -> NamedPatch:
     """A named patch of every node `node` names: exactly one of a precision, a function (module text, with
-    `entry` naming the function when it defines several), attributes, or an edit of one value's element."""
+    `entry` naming the function when it defines several), attributes, an edit of one value's element, or a training
+    step's optimizer hyperparameters (`optimizer`: {"lr": 0.01}; the update is traced again from `model`, the file
+    and entry the Program came from). `from_step`: in a training Program, the nodes named as each step from that one
+    on runs them (a node name names its step's node; an op or a module path every step's)."""
     chosen = [k for k, v in (("precision", precision), ("function", function), ("attributes", attributes),
-                             ("edit", edit)) if v is not None]
+                             ("edit", edit), ("optimizer", optimizer)) if v is not None]
     if len(chosen) != 1:
-        raise RewindError("give exactly one of precision, function, attributes or edit")
+        raise RewindError("give exactly one of precision, function, attributes or edit (or, for a training step, "
+                          "optimizer)")
     if edit is not None:
+        if from_step is not None:
+            raise RewindError("an edit sets one element of one value, in the step that writes it: fromStep is for "
+                              "patches of nodes")
         return NamedPatch(name, (_edit(program, edit),))
+    if optimizer is not None:
+        if node is not None:
+            raise RewindError("an optimizer's hyperparameters patch the nodes of its update: name no node")
+        return NamedPatch(name, tuple(hyperparameter_patches(program, *model, optimizer, from_step or 0)))
     if node is None:
         raise RewindError(f"name the node to patch ({chosen[0]})")
-    targets = nodes_named(program, node)
+    targets = [n.index for n in nodes_named(program, node)]
+    if from_step is not None:
+        targets = nodes_from_step(program, targets, from_step)
+        if not targets:
+            raise RewindError(f"'{node}' names no node that runs in step {from_step} or later")
     if function is not None:
         change: Any = _entry_function(function, entry)
     else:
         change = precision if precision is not None else attributes
-    return NamedPatch(name, tuple(patch_of(program, n.index, change, name) for n in targets))
+    return NamedPatch(name, tuple(patch_of(program, n, change, name) for n in targets))
 
 
 def _entry_function(text: str, entry: str | None) -> Callable[..., Any]:

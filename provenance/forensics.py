@@ -26,13 +26,15 @@ import torch
 from hardware.driver import cast, from_host, to_host
 from hardware.errors import RewindError
 from hardware.events import ExceptionDetails, ProgressAfter
-from hardware.program import Node
+from hardware.program import Node, Program, SourceLoc
+from provenance import training_patterns  # noqa: F401  (it registers the failure patterns of a training step)
 from provenance.births import Birth, births, record_to_end, writes_infinity
 from provenance.compare import Comparison, Tolerance, compare, judged_precision
 from provenance.handed import SessionView
 from provenance.lineage import descendants, lineage
 from provenance.patterns import Evidence, Match, classify
 from provenance.reference import DEFAULT_REFERENCE, Reference, open_reference
+from provenance.steps import in_words, is_training, place, training_fields
 
 MAX_GROWTH_POINTS = 16
 
@@ -50,11 +52,22 @@ class Finding:
     match: Match | None = None
     reference_agrees: bool | None = None  # a NaN/Inf the reference has too: no precision removes it
     growth: list[dict] = field(default_factory=list)
+    program: Program | None = field(default=None, repr=False)  # the node's Program (a training step's: step, phase)
+
+    @property
+    def place(self) -> SourceLoc | None:
+        """The node's line; an optimizer node's is where the user's file makes the optimizer."""
+        return place(self.program, self.node)
 
     @property
     def source(self) -> dict | None:
-        loc = self.node.loc
+        loc = self.place
         return {"file": loc.file, "line": loc.line} if loc else None
+
+    def where(self, verb: str = "in") -> str:
+        """Where the node is, in words (provenance/steps.py's in_words): `at model.py:12 in `div``, or in a training
+        step `in the backward of `log` at model.py:12 (step 0)`."""
+        return in_words(self.program, self.node, verb)
 
     def to_dict(self) -> dict:
         """JSON; `count` is this pass's bad elements (NaN/Inf, or beyond tolerance), and every null says why."""
@@ -68,6 +81,8 @@ class Finding:
             "pattern": self.match.to_dict() if self.match else None,
             "referenceAgrees": self.reference_agrees, "growth": self.growth,
         }
+        if is_training(self.program):
+            out.update(training_fields(self.program, self.node))
         return {**out, **{f"{k}Reason": why for k, why in _NULL_REASONS[self.kind].items() if out[k] is None}}
 
 
@@ -232,7 +247,7 @@ class Forensics:
         node = self.timeline.node_at(tick)
         if node is None:
             return {}
-        match = classify(self.evidence("nonfinite", tick, node, details.value, None, None))
+        match = classify(self.evidence("nonfinite", tick, node, details.value, None, None, with_reference=False))
         return {"pattern": match.to_dict() if match else None, "origin": self._origin(node, tick)}
 
     def _origin(self, node: Node, tick: int) -> dict | None:
@@ -252,7 +267,7 @@ class Forensics:
                  introduced: Comparison | None, details: ExceptionDetails | None = None) -> Finding:
         if details is None:
             details = self._divergence_details(tick, node, observed)
-        found = Finding(kind, tick, node, details, observed, introduced)
+        found = Finding(kind, tick, node, details, observed, introduced, program=self.program)
         # One diagnosis per node: a node that wrote NaN/Inf its inputs did not carry is diagnosed as that
         # (an fp16 overflow is `overflow`), when it is found as a divergence too.
         diagnosed = "nonfinite" if kind == "nonfinite" or self.session.nonfinite_at(tick) else kind
@@ -265,12 +280,21 @@ class Forensics:
                                 observed.mismatches, observed.first_mismatch, inputs)
 
     def evidence(self, kind: str, tick: int, node: Node, value: str, observed: Comparison | None,
-                  introduced: Comparison | None) -> Evidence:
+                 introduced: Comparison | None, with_reference: bool = True) -> Evidence:
+        """What the failure patterns see of the node at `tick` (`with_reference`: the reference's values too, made
+        on first need)."""
         inputs = {n: self.test_value(n, tick) for n in node.input_names()}
         producers = {n: self.program.nodes[p].op_short for n in inputs
                      if (p := self.program.values[n].producer) is not None}
         return Evidence(kind, node, self.program.values[value].dtype, inputs, self.test_value(value, tick + 1),
-                        observed, introduced, _chain(self.program, node), producers)
+                        observed, introduced, _chain(self.program, node), producers, self.program, self.recorded,
+                        (lambda name: self.reference.value(name)) if with_reference else None)
+
+    def recorded(self, name: str) -> torch.Tensor:
+        """A value as this pass wrote it: a node's output after its node, an input or parameter as the pass
+        started (a trained parameter's later versions are the values its updates write)."""
+        producer = self.program.values[name].producer
+        return self.test_value(name, 0 if producer is None else self.timeline.node_tick[producer] + 1)
 
     def with_reference(self, found: Finding) -> Finding:
         """Add what the reference says about a NaN/Inf finding: does it have the same non-finite values?"""

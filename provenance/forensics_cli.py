@@ -1,4 +1,5 @@
-"""`rewind forensics model.py [--reference torch:cpu:float64] [--json]`: one-shot numerical forensics.
+"""`rewind forensics model.py [--entry train_step --steps N] [--reference torch:cpu:float64] [--json]`: one-shot
+numerical forensics.
 
 Runs the model, localizes and classifies what went wrong, searches for a precision fix, and
 prints a report (or JSON for agents). Exit status: 0 when the pass is clean, 1 when a problem
@@ -35,7 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def add_pass_arguments(parser: argparse.ArgumentParser) -> None:
     """The model, where its pass runs, its reference and tolerances, and JSON output (shared with `rewind repair`)."""
     parser.add_argument("model", help="the model file: its entry returns (torch.nn.Module, inputs)")
-    parser.add_argument("--entry", default="build", help="the function in the file that builds the model")
+    parser.add_argument("--entry", default="build", help="the function in the file that builds the model (train_step: "
+                        "its training step)")
+    parser.add_argument("--steps", type=int, default=1, help="training steps to run (with --entry train_step)")
     parser.add_argument("--driver", default="auto", help="where the pass runs: auto, torch:cpu, torch:cuda[:N]")
     parser.add_argument("--reference", default=DEFAULT_REFERENCE,
                         help="the known-good pass: a driver such as torch:cpu:float64, a trace, or saved values")
@@ -49,8 +52,8 @@ def launch(args: argparse.Namespace) -> Session:
     """A Session with the model's pass loaded as the arguments say."""
     session = Session()
     reference = args.reference if args.reference.startswith("torch:") else absolute(args.reference)  # or a file
-    session.launch(LaunchOptions(absolute(args.model), entry=args.entry, driver=args.driver, budget_mb=args.budget_mb,
-                                 reference=reference, rtol=args.rtol, atol=args.atol))
+    session.launch(LaunchOptions(absolute(args.model), entry=args.entry, steps=args.steps, driver=args.driver,
+                                 budget_mb=args.budget_mb, reference=reference, rtol=args.rtol, atol=args.atol))
     return session
 
 

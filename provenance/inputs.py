@@ -73,6 +73,9 @@ def input_sets(program: Program, plan: InputPlan, model: str | None = None,
     if plan.shapes:
         if model is None or not Path(model).is_file():
             skipped.append("shapes: no model file to export again (a trace or a program given directly)")
+        elif program.step_starts:
+            skipped.append("shapes: a training step is not exported again for other shapes (its batches are the "
+                           "file's own, batches())")
         else:
             found, why = _shape_sets(program, example, plan.shapes, model, entry)
             sets += found

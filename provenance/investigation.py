@@ -109,13 +109,13 @@ def _divergence_headline(found: Finding, origin: Origin | None) -> str:
     how = ("error introduced" if found.introduced is not None and not found.introduced.within
            else "error accumulated beyond tolerance")
     title = f" ({found.match.pattern.title})" if found.match else ""
-    return f"{how} at {where(found.node)} by `{op_name(found.node)}`{title}"
+    return f"{how} {found.where('by')}{title}"
 
 
 def _nonfinite_headline(found: Finding) -> str:
     what = "NaN" if found.details.filter == "nan" else "Inf"
     title = f" ({found.match.pattern.title})" if found.match else ""
-    return f"{found.details.count} {what} born at {where(found.node)} in `{op_name(found.node)}`{title}"
+    return f"{found.details.count} {what} born {found.where()}{title}"
 
 
 def _no_nonfinite(absorbed: list[Birth]) -> str:
@@ -185,9 +185,10 @@ def _origin(origin: Origin | None, note: str, found: Finding) -> list[str]:
 
 
 def _finding(title: str, found: Finding, sources: dict[str, str]) -> list[str]:
-    d, node = found.details, found.node
-    where = f"{Path(node.loc.file).name}:{node.loc.line}" if node.loc else "no source line"
-    code = _source_line(node.loc.file, node.loc.line, sources) if node.loc else ""
+    d, node, loc = found.details, found.node, found.place
+    where = found.where() if node.phase != "forward" else f"{Path(loc.file).name}:{loc.line}" if loc else \
+        "no source line"
+    code = _source_line(loc.file, loc.line, sources) if loc else ""
     first = f", first at {list(d.first_index)}" if d.first_index is not None else ""
     if found.kind == "nonfinite":
         what = f"wrote {d.count} {'NaN' if d.filter == 'nan' else 'Inf'} into '{d.value}'{first}"

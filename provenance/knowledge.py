@@ -35,6 +35,8 @@ from provenance import recipes
 from provenance.fixes import Candidate, FunctionSource, function_from
 from provenance.forensics import Finding, Forensics
 from provenance.integrity import scan_source
+from provenance.program_edits import ProgramEdit
+from provenance.steps import is_training
 
 FORMAT = "rewind-fixes/1"
 
@@ -127,6 +129,7 @@ class KnowledgeBase:
             if made is None or key in seen:
                 continue
             seen.add(key)
+            made = made.in_every_step(program)
             if key in rejected:
                 held.append(made)
             else:
@@ -173,11 +176,17 @@ class KnowledgeBase:
 
 
 def templates(candidate: Candidate, finding: Finding, program: Program) -> list[dict]:
-    """The candidate's patches relative to the finding's node, as JSON."""
+    """The candidate's patches relative to the finding's node, as JSON: in a training Program those of the
+    finding's step (the fix applies them in every step); an edit of the Program by its kind and settings."""
+    if candidate.edit is not None:
+        return [{"op": "", "hops": None, "node": "", "kind": "program", "edit": candidate.edit.kind,
+                 "settings": dict(candidate.edit.settings)}]
     hops = graph_hops(program, finding.node.index)
     out = []
     for p in candidate.patches:
         node = program.nodes[p.node]
+        if node.step != finding.node.step:
+            continue
         t = {"op": node.op, "hops": hops.get(p.node), "node": node.name, "kind": p.kind}
         if isinstance(p, PrecisionPatch):
             t["dtype"] = p.dtype
@@ -197,6 +206,17 @@ def _instantiate(entry: dict, finding: Finding, program: Program) -> Candidate |
     integrity check refuses its source: a recorded function is read before its module runs)."""
     if any(scan_source(t["text"], t["file"]) for t in entry["patches"] if t["kind"] == "function"):
         return None
+    runs = (f"validated {entry['validations']} time(s), on {entry['inputSetsPassed']} input sets of "
+            f"{', '.join(entry['programs'])}")
+    if entry["rejections"]:
+        runs += f"; rejected {entry['rejections']} time(s): {', '.join(entry['rejectedFor'])}"
+    edits = [t for t in entry["patches"] if t["kind"] == "program"]
+    if edits:
+        try:
+            edit = ProgramEdit.of(edits[0]["edit"], edits[0]["settings"])
+        except RewindError:
+            return None  # an edit this version does not know
+        return Candidate(entry["name"], "learned", [], {}, runs, edit) if is_training(program) else None
     hops = graph_hops(program, finding.node.index)
     patches: list[Patch] = []
     sources: dict[int, FunctionSource] = {}
@@ -209,10 +229,6 @@ def _instantiate(entry: dict, finding: Finding, program: Program) -> Candidate |
             return None
         for i in nodes:
             patches.append(_patch(t, program, i, sources))
-    runs = (f"validated {entry['validations']} time(s), on {entry['inputSetsPassed']} input sets of "
-            f"{', '.join(entry['programs'])}")
-    if entry["rejections"]:
-        runs += f"; rejected {entry['rejections']} time(s): {', '.join(entry['rejectedFor'])}"
     return Candidate(entry["name"], "learned", patches, sources, runs)
 
 
@@ -231,13 +247,15 @@ def _evidence(entry: dict) -> tuple:
 
 
 TEMPLATE_FIELDS = {"precision": {"dtype": str}, "attributes": {"attributes": dict},
-                   "function": {"file": str, "function": str, "text": str}}
+                   "function": {"file": str, "function": str, "text": str},
+                   "program": {"edit": str, "settings": dict}}
 
 
 def _check_template(where: str, t: object) -> None:
     """A recorded patch names a node by op and hops (or name) and says what it does, in fields of known types."""
     if not isinstance(t, dict) or t.get("kind") not in TEMPLATE_FIELDS:
-        raise RewindError(f"{where} has a patch that is not a precision, attributes or function patch")
+        raise RewindError(f"{where} has a patch that is not a precision, attributes or function patch, nor an edit "
+                          "of the program")
     fields = {"op": str, "node": str, **TEMPLATE_FIELDS[t["kind"]]}
     for key, kind in fields.items():
         if not isinstance(t.get(key), kind):

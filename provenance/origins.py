@@ -27,6 +27,7 @@ from provenance.compare import Comparison, abs_tolerance
 from provenance.forensics import Finding, Forensics
 from provenance.lineage import descendants, lineage
 from provenance.patterns import Match, classify, times
+from provenance.steps import op_name
 
 MAX_UPSTREAM = 32  # nodes upstream of a divergence whose introduced error is measured
 MAX_CANDIDATES = 2  # upstream nodes confirmed by ablation, two ablations each
@@ -183,11 +184,6 @@ def traced_dict(found: Finding, origin: Origin | None, note: str) -> dict:
 
 def _title(match: Match | None) -> str:
     return f" ({match.pattern.title})" if match else ""
-
-
-def op_name(node: Node) -> str:
-    """`cos` for aten.cos.default."""
-    return node.op_short.removeprefix("aten.")
 
 
 def where(node: Node) -> str:

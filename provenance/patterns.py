@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from hardware.program import Node
+from hardware.program import Node, Program
 from provenance.compare import Comparison
 
 LOW_PRECISION = ("float16", "bfloat16")
@@ -40,6 +40,9 @@ class Evidence:
     introduced: Comparison | None = None  # the node rerun on the reference's inputs, against the reference
     chain: int = 1  # nodes of this op at this source line in a row, feeding each other, ending here
     producers: dict[str, str] = field(default_factory=dict)  # operand -> the op that wrote it (aten.softmax)
+    program: Program | None = None  # the whole Program, for the rules of a training step (its forward, its steps)
+    recorded: Callable[[str], torch.Tensor] | None = None  # any value as this pass wrote it (a parameter: its start)
+    reference: Callable[[str], torch.Tensor] | None = None  # any value in the reference (None: none asked for)
 
     @property
     def op(self) -> str:
@@ -65,6 +68,7 @@ class Pattern:
     title: str
     fix: str
     rule: Callable[[Evidence], "Because | None"]
+    training: bool = False  # a failure of a training step (a gradient, an update): tried first in one
 
 
 Because = str | tuple[str, str]  # why a rule matches, or (why, the fix that fits this case best)
@@ -87,20 +91,24 @@ class Match:
 PATTERNS: list[Pattern] = []
 
 
-def pattern(name: str, title: str, fix: str):
-    """Register the decorated rule as a failure pattern."""
+def pattern(name: str, title: str, fix: str, training: bool = False):
+    """Register the decorated rule as a failure pattern (`training`: of a training step, tried before the others
+    there: a NaN in the backward of a log is a gradient's failure before it is a division by zero)."""
 
     def register(rule: Callable[[Evidence], Because | None]) -> Callable[[Evidence], Because | None]:
         if any(p.name == name for p in PATTERNS):
             raise ValueError(f"failure pattern '{name}' is registered twice")
-        PATTERNS.append(Pattern(name, title, fix, rule))
+        PATTERNS.append(Pattern(name, title, fix, rule, training))
         return rule
 
     return register
 
 
 def classify(evidence: Evidence) -> Match | None:
-    for p in PATTERNS:
+    training = evidence.program is not None and bool(evidence.program.step_starts)
+    for p in sorted(PATTERNS, key=lambda p: not p.training) if training else PATTERNS:
+        if p.training and not training:
+            continue
         because = p.rule(evidence)
         if because:
             return Match(p, because) if isinstance(because, str) else Match(p, *because)

@@ -21,6 +21,7 @@ from hardware.program import Frame
 from provenance.forensics import Finding, WithForensics
 from provenance.origins import Origin, headline, trace_origin
 from provenance.patterns import times
+from provenance.steps import is_training
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,8 @@ def first_nonfinite(session: WithForensics) -> Iterable[Problem]:
     d = found.details
     what = "NaN" if d.filter == "nan" else "Inf"
     where = f", first at {list(d.first_index)} ({_operands_at(session, found)})" if d.first_index is not None else ""
-    return [Problem(d.filter, "error", f"first {what}: {_wrote(session, found)} {d.count} {what}{where}"
-                    f"{_pattern(found)}", found.tick, found.node.name, found.node.frames)]
+    return [Problem(d.filter, "error", f"first {what}{_in_step(found)}: {_wrote(session, found)} {d.count} {what}"
+                    f"{where}{_pattern(found)}", found.tick, found.node.name, _frames(found))]
 
 
 def absorbed_births(session: WithForensics) -> Iterable[Problem]:
@@ -75,11 +76,12 @@ def first_divergence(session: WithForensics) -> Iterable[Problem]:
     own = (f"it introduced the error itself ({times(made.error)} tolerance when rerun on the reference's inputs)"
            if made is not None and not made.within else "the error accumulated to cross the tolerance here")
     outputs = f"; at the outputs it is {times(float(found.growth[-1]['error']))} tolerance" if found.growth else ""
-    message = (f"first divergence from the reference ({session.forensics.spec}): {_wrote(session, found)} "
+    message = (f"first divergence from the reference ({session.forensics.spec}){_in_step(found)}: "
+               f"{_wrote(session, found)} "
                f"{seen.mismatches} of {seen.numel} elements beyond tolerance, worst {times(seen.error)} tolerance "
                f"(max |error| {seen.max_abs:.3g}, first at {list(seen.first_mismatch or ())}); {own}{outputs}"
                f"{_pattern(found)}{upstream}")
-    problems = [Problem("divergence", "error", message, found.tick, found.node.name, found.node.frames)]
+    problems = [Problem("divergence", "error", message, found.tick, found.node.name, _frames(found))]
     if origin is not None and origin.node.loc != found.node.loc:  # on the divergence's line, its message says it
         problems.append(Problem("divergence", "error", f"root cause of the divergence at {found.node.op} "
                                 f"'{found.node.name}' (tick {found.tick}): {headline(origin, found)}"
@@ -136,6 +138,18 @@ def collect(session: WithForensics, collectors: Iterable[Collector] = COLLECTORS
         for problem in collector(session):
             found.setdefault(problem.tick, problem)
     return sorted(found.values(), key=lambda p: p.tick)
+
+
+def _in_step(found: Finding) -> str:
+    """Where in a training step the finding is (` in the backward of `log` at model.py:12 (step 0)`); nothing for an
+    inference pass, whose node and line say it."""
+    return f" {found.where()}" if is_training(found.program) else ""
+
+
+def _frames(found: Finding) -> tuple[Frame, ...]:
+    """The frames an editor shows a finding at: its node's, or for an optimizer node the line making the optimizer."""
+    place = found.place
+    return found.node.frames or ((Frame(place),) if place is not None else ())
 
 
 def _wrote(session: WithForensics, found: Finding) -> str:

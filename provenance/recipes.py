@@ -9,6 +9,13 @@ validates every candidate; a recipe only proposes. Recipes are tried in the orde
 - for errors the reference does not share (precision caused them): the accumulation chain in
   float32, the node with what it is computed from and what reads it one step wider, and last the
   precision ablation's search for a small set of nodes that brings the outputs within tolerance.
+
+A training step's failures (provenance/training_patterns.py): a NaN gradient through a `where` is fixed in the
+backward node (patches of the forward node do not change the exported backward, which reads the op's input: the
+log's gradient divides by x whatever the forward computes), a root's infinite gradient at 0 in the forward node (its
+backward reads the root); gradients flushed to zero by loss scaling and exploding ones by clipping, both edits of the
+Program (provenance/program_edits.py); an optimizer epsilon the dtype cannot hold by one it can, else by the update in
+float32. The knowledge base applies each patch in every step (Candidate.in_every_step).
 """
 
 from __future__ import annotations
@@ -18,15 +25,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from checkpoint.branch import FunctionPatch, PrecisionPatch
+import math
+
+import torch
+
+from checkpoint.branch import AttributePatch, FunctionPatch, PrecisionPatch
 from hardware.program import Node, Program
 from provenance import fix_functions
 from provenance.ablation import search, wider_dtype
 from provenance.fixes import Candidate, FunctionSource
 from provenance.forensics import Finding, Forensics
 from provenance.lineage import lineage
+from provenance.program_edits import ProgramEdit
 
 SEARCH_TRIALS = 16  # the precision search's trials, when a recipe runs it
+CLIP_NORM = 1.0  # the gradients' total norm clipping keeps them to (a common choice; the update's size follows)
+# Loss scaling leaves the backward's largest value this many times below the dtype's largest number: room for
+# other inputs' gradients (an input set scaled up), as a fixed scale has no back-off.
+LOSS_SCALE_HEADROOM = 16.0
 
 # log of a chain (the log's argument's producer first, then its producer) -> the chain's first node's replacement
 LOG_FORMS: list[tuple[tuple[str, ...], Callable]] = [
@@ -47,6 +63,9 @@ REPLACEMENTS: dict[tuple[str, str], Callable] = {
     ("outside-domain", "aten.rsqrt"): fix_functions.rsqrt_clamped,
     ("fully-masked-softmax-row", "aten.softmax"): fix_functions.softmax_zero_masked_rows,
     ("fully-masked-softmax-row", "aten._softmax"): fix_functions.softmax_zero_masked_rows,
+    # a training step's: the backward node itself, or (by the forward op) the forward node it differentiates
+    ("nan-gradient-through-where", "aten.div"): fix_functions.div_where_gradient_is_zero,
+    ("sqrt-at-zero-gradient", "aten.sqrt"): fix_functions.sqrt_with_epsilon,
 }
 
 
@@ -120,13 +139,75 @@ def _one_minus(node: Node) -> bool:
 
 @recipe("stable replacement")
 def _replacement(finding: Finding, forensics: Forensics) -> Candidate | None:
-    fn = REPLACEMENTS.get((finding.match.pattern.name if finding.match else "", finding.node.op_short))
-    if fn is None:
+    """The node replaced by a stable form of its op; for a backward node whose own op has none, the forward node
+    it differentiates (a root's backward reads the root: a root that is never 0 has a finite gradient)."""
+    pattern = finding.match.pattern.name if finding.match else ""
+    forward = forensics.program.forward_node(finding.node)
+    node = next((n for n in (finding.node, forward) if n is not None and (pattern, n.op_short) in REPLACEMENTS), None)
+    if node is None:
         return None
-    node = finding.node
+    fn = REPLACEMENTS[(pattern, node.op_short)]
     return Candidate(f"{fn.__name__} in place of {node.name}", "built-in",
                      [FunctionPatch(node.index, fn, f"{fn.__name__} (built-in)")], {node.index: _built_in(fn)},
                      f"{finding.match.pattern.title}: {(fn.__doc__ or fn.__name__).splitlines()[0]}")
+
+
+@recipe("loss scaling")
+def _loss_scaling(finding: Finding, forensics: Forensics) -> Candidate | None:
+    if not finding.match or finding.match.pattern.name != "gradient-underflow":
+        return None
+    edit = ProgramEdit.of("loss-scaling", {"scale": loss_scale(forensics, finding)})
+    return Candidate(f"loss scaling by {dict(edit.settings)['scale']:g}", "built-in", [],
+                     note=f"{finding.match.pattern.title}: {edit.describe()}", edit=edit)
+
+
+def loss_scale(forensics: Forensics, finding: Finding) -> float:
+    """The largest power of two that keeps the finding's step's backward LOSS_SCALE_HEADROOM times below the
+    largest number of the finding's dtype (read from the write log's statistics: no value is copied)."""
+    tl, program = forensics.timeline, forensics.program
+    largest = max((max(abs(r.stats.min), abs(r.stats.max)) for n in program.nodes
+                   if n.phase == "backward" and n.step == finding.node.step
+                   for r in tl.log.at_tick(tl.node_tick[n.index]) if r.stats.finite), default=1.0)
+    room = torch.finfo(getattr(torch, program.values[finding.details.value].dtype)).max / LOSS_SCALE_HEADROOM
+    return float(2.0 ** max(0, math.floor(math.log2(room / max(largest, 1e-30)))))
+
+
+@recipe("clip the gradients")
+def _clipping(finding: Finding, forensics: Forensics) -> Candidate | None:
+    if not finding.match or finding.match.pattern.name != "exploding-gradients":
+        return None
+    edit = ProgramEdit.of("gradient-clipping", {"maxNorm": CLIP_NORM})
+    return Candidate(f"the gradients clipped to norm {CLIP_NORM:g}", "built-in", [],
+                     note=f"{finding.match.pattern.title}: {edit.describe()}", edit=edit)
+
+
+@recipe("the update in float32")
+def _update_in_float32(finding: Finding, forensics: Forensics) -> Candidate | None:
+    """Every optimizer node of a low-precision update run in float32: its state and the parameters it writes kept
+    in float32 between the steps' updates (a float32 master copy), the forward reading them cast back."""
+    if not finding.match or finding.match.pattern.name != "adam-epsilon-underflow":
+        return None
+    chosen = [(n, d) for n in forensics.program.nodes if n.phase == "optimizer"
+              and (d := wider_dtype(forensics, n)) == "float32" and forensics.floating_outputs(n)]
+    return _precision("the optimizer's update in float32", chosen, "the optimizer's state in float32")
+
+
+@recipe("an epsilon the dtype holds")
+def _representable_epsilon(finding: Finding, forensics: Forensics) -> Candidate | None:
+    """Every optimizer node adding the same epsilon, with the smallest power of ten the dtype holds as a normal
+    number (1e-4 in float16)."""
+    if not finding.match or finding.match.pattern.name != "adam-epsilon-underflow":
+        return None
+    program = forensics.program
+    divisor = program.nodes[program.values[finding.node.input_names()[1]].producer]
+    eps = next(a for a in divisor.args if isinstance(a, float))
+    dtype = getattr(torch, program.values[divisor.outputs[0]].dtype)
+    held = 10.0 ** math.ceil(math.log10(torch.finfo(dtype).tiny))
+    nodes = [n for n in program.nodes if n.phase == "optimizer" and n.op == divisor.op and eps in n.args]
+    return Candidate(f"the optimizer's eps {eps:g} -> {held:g}", "built-in",
+                     [AttributePatch.of(n, {"other": held}) for n in nodes], {},
+                     f"{finding.match.pattern.title}: {held:g} is the smallest power of ten {dtype} holds as a normal "
+                     "number (set eps where the optimizer is made)")
 
 
 @recipe("accumulate in float32")

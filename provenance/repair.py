@@ -164,7 +164,7 @@ class RepairLoop:
     def _validate(self, attempt: Attempt, candidate: Candidate, validator: Validator, audit: CallAudit,
                   deadline: float) -> None:
         attempt.candidate, attempt.fix = candidate.to_dict(self.session.program), candidate
-        validation = validator.validate(candidate.guarded(audit), deadline)
+        validation = validator.validate(candidate.guarded(audit), deadline, candidate.edit)
         attempt.violations = list(audit.violations)
         attempt.validation = validation.to_dict()
         if attempt.violations:

@@ -33,6 +33,7 @@ from checkpoint.branch import AttributePatch, FunctionPatch, PrecisionPatch
 from hardware.program import Node, Program, Ref
 from provenance.births import node_dict
 from provenance.fixes import Candidate, FunctionSource
+from provenance.steps import place
 
 NO_FIX = "no fix validated, so there is nothing to write into the source"
 # The ops an operator makes, by their short names without leading underscores (`1 - x` is aten.rsub).
@@ -90,10 +91,12 @@ def source_fields(program: Program, fix: Candidate | None) -> dict:
 def source_edits(program: Program, fix: Candidate) -> SourceEdits:
     """The fix's patches as edits of the files that made their nodes."""
     files = _Files(program)
-    precision = [p for p in fix.patches if isinstance(p, PrecisionPatch)]
+    _training_loop(files, fix)
+    patches = [p for p in fix.patches if program.nodes[p.node].phase == "forward"]
+    precision = [p for p in patches if isinstance(p, PrecisionPatch)]
     if precision:
         _Precision(files).express(precision)
-    for patch in fix.patches:
+    for patch in patches:
         node = program.nodes[patch.node]
         try:
             if isinstance(patch, FunctionPatch):
@@ -106,6 +109,33 @@ def source_edits(program: Program, fix: Candidate) -> SourceEdits:
             files.refuse(node, patch.kind, exc)
     diffs = [SourceDiff(f.file, f.text, f.render(), f.notes) for f in files.edited()]
     return SourceEdits([d for d in diffs if d.new != d.old], files.refused)
+
+
+def _training_loop(files: _Files, fix: Candidate) -> None:
+    """What a fix changes in Rewind's training loop (an edit inserting nodes, patches of the optimizer's update) is
+    no line of the user's file: said once, with how their own loop or optimizer says it."""
+    program = files.program
+    if fix.edit is not None:
+        files.refused.append({"node": "the training loop", "op": fix.edit.kind, "kind": "program",
+                              "why": f"{fix.edit.describe()}: nodes of Rewind's training loop; in your own loop, "
+                                     f"{fix.edit.to_dict()['inSource']}"})
+    for p in fix.patches:
+        node = program.nodes[p.node]
+        forward = program.forward_node(node)
+        if forward is not None:
+            files.refused.append({"node": node.name, "op": node.op, "kind": p.kind,
+                                  "why": f"a node of the backward of `{forward.op_short.removeprefix('aten.')}`, which "
+                                         "autograd derives from your forward: change the forward so that its gradient "
+                                         "is what this patch computes (the finding's fix says how)"})
+    update = [p for p in fix.patches if program.nodes[p.node].phase == "optimizer"]
+    if update:
+        first = program.nodes[update[0].node]
+        loc = place(program, first)
+        made = f" at {Path(loc.file).name}:{loc.line}" if loc else ""
+        files.refused.append({"node": first.name, "op": first.op, "kind": update[0].kind,
+                              "why": f"{len(update)} node(s) of the {program.optimizer or 'optimizer'} update, which "
+                                     f"Rewind writes from the optimizer made{made}: change the optimizer there "
+                                     "(its hyperparameters, or its state's dtype)"})
 
 
 # -- which nodes an edited copy changed --------------------------------------------------------------------

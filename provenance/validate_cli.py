@@ -21,8 +21,9 @@ from typing import Any, Iterator
 
 import torch
 
-from hardware.errors import RewindError, program_stopped_itself
+from hardware.errors import ProgramLoadError, RewindError, program_stopped_itself
 from hardware.frontends.torch_export import export_program, load_module
+from hardware.frontends.torch_train import load_program
 from hardware.jsonable import json_safe
 from hardware.program import Program
 from provenance.forensics_cli import EXIT_CLEAN, EXIT_ERROR, EXIT_PROBLEM, absolute, add_pass_arguments, launch
@@ -58,7 +59,7 @@ def validate(args: argparse.Namespace) -> dict:
     plan = InputPlan(args.seeds, tuple(args.scales), args.shapes)
     if not args.time_limit > 0:
         raise RewindError(f"the time limit is a number of seconds above 0, got {args.time_limit:g}")
-    copy = EditedCopy(absolute(args.model), args.entry)
+    copy = EditedCopy(absolute(args.model), args.entry, args.steps)
     with _user_code(f"running {Path(args.original).name}"):
         session = launch(argparse.Namespace(**{**vars(args), "model": args.original}))
     copy.match(session.program, Path(args.original).name)
@@ -81,15 +82,19 @@ def validate(args: argparse.Namespace) -> dict:
 class EditedCopy:
     """The edited copy of a model: its module, built once by its entry, and its Program over each input set."""
 
-    def __init__(self, file: str, entry: str):
+    def __init__(self, file: str, entry: str, steps: int = 1):
         self.file, self.name = file, Path(file).name
+        self.training: Program | None = None  # a training step's Program, as it is (it is not exported again)
         with _user_code(f"loading {self.name}"):
-            self.module, self.given = load_module(file, entry)
+            try:
+                self.module, self.given = load_module(file, entry)
+            except ProgramLoadError:  # an entry returning an optimizer (train_step()) is a training step
+                self.training = load_program(file, entry, steps)
         self.example: Program | None = None  # its export over its own inputs (match makes it)
 
     def match(self, original: Program, theirs: str) -> None:
         """Export the copy and check it is the original's model, edited: the same weights, inputs and outputs."""
-        self.example = self._export(self.given)
+        self.example = self.training or self._export(self.given)
         _same_tensors(self.name, theirs, "input", _inputs(self.example), _inputs(original))
         _same_tensors(self.name, theirs, "output", [(n, self.example.values[n]) for n in self.example.outputs],
                       [(n, original.values[n]) for n in original.outputs])

@@ -13,7 +13,9 @@ same driver spec, and must pass every rule on each:
    itself NaN/Inf it cannot judge, so there the fixed program run at float64 (on the reference's
    driver, the fix computing in float64 too) is the reference for those elements; and so it is
    where the finite reference is in doubt: its float32 twin shows its own rounding beyond the
-   tolerance (asked only when an element fails);
+   tolerance (asked only when an element fails); and so it is, in a training Program, for every
+   output after a step whose update the reference itself blew up (it moved the parameters by more
+   than their size, provenance/steps.py): the reference's later losses and weights are no standard;
 3. a patch returns the dtype the node's output has (checkpoint/branch.py): another dtype is an
    error naming the node, not a silent cast back.
 
@@ -43,7 +45,9 @@ from provenance.compare import abs_tolerance, compare
 from provenance.forensics import WithForensics
 from provenance.inputs import InputPlan, InputSet, input_sets
 from provenance.integrity import REFUSED, IntegrityError
+from provenance.program_edits import ProgramEdit
 from provenance.reference import open_reference
+from provenance.steps import exploded_at, outputs_after
 
 MASKED = "masked, not fixed"
 NOT_FIXED = "not fixed"
@@ -52,6 +56,7 @@ DTYPE = "a patched node returned another dtype"
 FAILED = "the fixed pass failed"
 TWIN = {"float64": "float32"}  # a reference's compute dtype -> the one whose pass bounds its rounding error
 NO_BIRTHS = "the reference is a file of saved values: it keeps no pass to read NaN/Inf births from"
+EXPLODED_NONE = "no update of the reference moved the parameters by more than their size (or no training step)"
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,7 @@ class ReferencePass:
 
     outputs: list[torch.Tensor]
     births: list[Birth] | None  # None: the reference keeps no pass (saved values)
+    exploded: int | None = None  # a training step whose update the reference blew up: it cannot judge after it
 
 
 @dataclass
@@ -93,6 +99,7 @@ class Check:
     mismatch: DtypeMismatch | None = None
     fixed_reference: bool = False  # the fixed program ran at float64 where the reference is NaN/Inf or in doubt
     seconds: float = 0.0
+    reference_exploded: int | None = None  # the step whose update the reference blew up (training)
 
     @property
     def within(self) -> bool:
@@ -122,7 +129,12 @@ class Check:
         out = {"inputs": self.inputs.to_dict(), "within": self.within, "reason": self.reason, "error": self.error,
                "outputs": self.outputs, "births": [b.to_dict() for b in self.births], "unfixed": self.unfixed,
                "dtypeMismatch": self.mismatch.to_dict() if self.mismatch else None,
-               "fixedReference": self.fixed_reference, "seconds": self.seconds}
+               "fixedReference": self.fixed_reference, "seconds": self.seconds,
+               "referenceExplodedAt": self.reference_exploded}
+        if self.reference_exploded is None:
+            out["referenceExplodedAtReason"] = EXPLODED_NONE
+        if self.error is None:
+            out["errorReason"] = "the fixed pass ran to its end"
         if self.mismatch is None:
             out["dtypeMismatchReason"] = "every patched node returned its output's dtype" if self.error is None \
                 else "the fixed pass stopped before its dtypes were all seen"
@@ -164,8 +176,9 @@ class Validation:
     def to_dict(self) -> dict:
         return json_safe({"passed": self.passed, "rules": self.rules,
                           "failed": [c.inputs.name for c in self.checks if not c.within],
-                          "stopped": self.stopped, "skipped": self.skipped,
-                          "checks": [c.to_dict() for c in self.checks]})
+                          "stopped": self.stopped, **({} if self.stopped else {"stoppedReason": "every input set "
+                                                                                                 "was checked"}),
+                          "skipped": self.skipped, "checks": [c.to_dict() for c in self.checks]})
 
 
 def certify(name: str, dtype: str, test: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float) -> dict:
@@ -196,9 +209,11 @@ class Validator:
         self._references: dict[str, ReferencePass] = {}
         self._twins: dict[str, list[torch.Tensor]] = {}  # the original computed in float32, where doubt was asked
 
-    def validate(self, patches: list[Patch], deadline: float) -> Validation:
-        """The original Program under `patches`, on every input set, against every rule."""
-        return self._validate(lambda inputs: Fixed(inputs.program, tuple(patches)), deadline)
+    def validate(self, patches: list[Patch], deadline: float, edit: ProgramEdit | None = None) -> Validation:
+        """The original Program under `patches` (edited by `edit` first: its nodes inserted), on every input set,
+        against every rule."""
+        return self._validate(lambda inputs: Fixed(edit.apply(inputs.program) if edit else inputs.program,
+                                                   tuple(patches)), deadline)
 
     def validate_program(self, fixed_for: Callable[[InputSet], Program], deadline: float) -> Validation:
         """A whole edited Program (an edited copy of the model, exported again) instead of patches.
@@ -239,7 +254,9 @@ class Validator:
             reference = self._reference(inputs)
             check.reference_births = reference.births
             check.unfixed = unfixed(check.births, fixed.program, reference.births, inputs.program)
-            self._certify(check, fixed, outputs, reference.outputs)
+            check.reference_exploded = reference.exploded
+            self._certify(check, fixed, outputs, reference.outputs,
+                          outputs_after(inputs.program, reference.exploded))
         except RewindError as exc:
             check.error, check.mismatch = _failure(exc)
         check.seconds = time.perf_counter() - started
@@ -263,11 +280,13 @@ class Validator:
             out.append(to_host(tl.driver, cast(tl.driver, tl.value(mine, tl.end), have.dtype)))
         return out
 
-    def _certify(self, check: Check, fixed: Fixed, outputs: list[torch.Tensor], refs: list[torch.Tensor]) -> None:
+    def _certify(self, check: Check, fixed: Fixed, outputs: list[torch.Tensor], refs: list[torch.Tensor],
+                 unjudged: list[bool]) -> None:
         """Each output against the original's reference where that can judge it; where it is NaN/Inf, or finite
-        but doubtful (its own float64 rounding is beyond the tolerance, as its float32 twin shows), against the
-        fixed program run at float64. Each extra pass runs only when needed."""
-        stand_in = [~torch.isfinite(r) for r in refs]
+        but doubtful (its own float64 rounding is beyond the tolerance, as its float32 twin shows), or `unjudged`
+        (after the reference's own updates blew up), against the fixed program run at float64. Each extra pass
+        runs only when needed."""
+        stand_in = [~torch.isfinite(r) | bool(u) for r, u in zip(refs, unjudged)]
         doubt = [torch.zeros_like(m) for m in stand_in]
         wide = self._wide(fixed) if any(bool(m.any()) for m in stand_in) else None
         judged = self._judged(check.inputs, outputs, refs, wide, stand_in)
@@ -325,7 +344,8 @@ class Validator:
             reference = (self.session.forensics.reference if inputs.kind == "example"
                          else open_reference(self.spec, inputs.program, self.budget))
             self._references[inputs.name] = ReferencePass([reference.value(n) for n in inputs.program.outputs],
-                                                          reference.births())
+                                                          reference.births(),
+                                                          exploded_at(inputs.program, reference.value))
         return self._references[inputs.name]
 
 

@@ -65,7 +65,7 @@ from hardware.frontends.optimizers import rule_of
 from hardware.frontends.torch_export import (Inputs, call_entry, check_input_types, checked_inputs, convert_node,
                                              export, export_program, module_and_inputs, source_files, split_inputs,
                                              tensor_inputs, user_file)
-from hardware.program import Node, Program, Ref, ValueInfo
+from hardware.program import Node, Program, ValueInfo, renamed_refs
 from hardware.torch_tensors import dtype_name
 
 TRAIN_ENTRY = "train_step"
@@ -248,7 +248,9 @@ def training_program(step: TrainingStep, name: str, steps: int = 1, batches: lis
                                f"a Program holds at most {MAX_NODES}: at most {MAX_NODES // len(one.nodes)} steps of "
                                "this model")
     inputs = [tensor_inputs(ep, *split_inputs(b)) for b in batches] if batches is not None else None
-    return one.unrolled(name, steps, inputs)
+    program = one.unrolled(name, steps, inputs)
+    program.optimizer = type(step.optimizer).__name__  # an update reads "AdamW update of q.weight"
+    return program
 
 
 @dataclass
@@ -304,19 +306,9 @@ def _in_step(name: str, k: int) -> str:
 def _repeated(node: Node, k: int, offset: int, rename: dict[str, str]) -> Node:
     """Step 0's `node` as step k runs it."""
     return replace(node, index=node.index + offset, name=f"{node.name}_step{k}", step=k,
-                   args=_renamed(node.args, rename), kwargs=_renamed(node.kwargs, rename),
+                   args=renamed_refs(node.args, rename), kwargs=renamed_refs(node.kwargs, rename),
                    outputs=[rename[o] for o in node.outputs],
                    differentiates=None if node.differentiates is None else node.differentiates + offset)
-
-
-def _renamed(obj: Any, rename: dict[str, str]) -> Any:
-    if isinstance(obj, Ref):
-        return Ref(rename.get(obj.name, obj.name))
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_renamed(o, rename) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _renamed(v, rename) for k, v in obj.items()}
-    return obj
 
 
 @dataclass

@@ -9,6 +9,10 @@ execution agree on which hit is the fifth.
 
 The BreakpointTable holds the Session's line, function and data breakpoints: verified against the
 Program when set, and asked at each position a motion passes (hardware/session/motion.py) whether one holds.
+
+In a training step (hardware/frontends/torch_train.py) a line runs twice: its forward nodes, and later the backward
+nodes that differentiate them (at the same line). A line or function breakpoint's `mode` says which it stops in:
+"forward" (the default), "backward" or "both"; the launch's `breakpoint_mode` is the default of every breakpoint.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from hardware.source_names import parse_source
 from hardware.ticks import Direction, Stop
 
 _HIT_RE = re.compile(r"^\s*(==|>=|<=|>|<|%)?\s*(\d+)\s*$")
+MODES = ("forward", "backward", "both")  # which of a line's (or function's) nodes a breakpoint stops in
+_PHASES = {"forward": ("forward", "optimizer"), "backward": ("backward",), "both": ("forward", "backward", "optimizer")}
 
 
 @dataclass
@@ -43,6 +49,7 @@ class Breakpoint:
     log_message: str | None = None
     file: str | None = None
     line: int | None = None
+    mode: str | None = None  # forward, backward, both (see the module docstring); None: the launch's
     verified: bool = True
     message: str | None = None
     _cond_cache: dict[int, bool] = field(default_factory=dict, repr=False)
@@ -66,6 +73,7 @@ class LineSpec:
     condition: str | None = None  # an expression over the values there (hardware/expressions.py)
     hit_condition: str | None = None  # N, ==N, >=N, >N, <=N, <N, %N: which hits stop, counted from the start
     log_message: str | None = None  # print this ({expressions} interpolated) instead of stopping
+    mode: str | None = None  # stop in the line's forward nodes, its backward nodes, or both; None: the launch's
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,7 @@ class FunctionSpec:
     name: str
     condition: str | None = None
     hit_condition: str | None = None
+    mode: str | None = None  # forward, backward or both, as a line breakpoint's; None: the launch's
 
 
 @dataclass(frozen=True)
@@ -149,42 +158,75 @@ def _function_span(source: str | None, line: int) -> tuple[int, int] | None:
     return best
 
 
-def line_positions(program: Program, node_at: Callable[[int], object], end: int, file: str, line: int) -> list[int]:
-    """Positions where a line's execution begins, in tick order."""
+def line_positions(program: Program, node_at: Callable[[int], object], end: int, file: str, line: int,
+                   phases: Iterable[str] | None = None) -> list[int]:
+    """Positions where a line's execution begins, in tick order; with `phases`, only in nodes of those phases. A
+    node of another phase than the one before it begins an execution of its own: a line's backward is not more of
+    its forward, even where the last forward node and the first backward node are on the same line."""
     out = []
     prev: tuple[Frame, ...] = ()
+    prev_phase = None
     for tick in range(end):
         node = node_at(tick)
         if node is None:
             continue
         frames = node.frames
+        if node.phase != prev_phase:
+            prev = ()
         for level, f in enumerate(frames):
             if f.loc.file == file and f.loc.line == line:
-                if line_begins(prev, frames, level):
+                if line_begins(prev, frames, level) and (phases is None or node.phase in phases):
                     out.append(tick)
                 break
-        prev = frames
+        prev, prev_phase = frames, node.phase
     return out
 
 
-def function_positions(program: Program, node_at: Callable[[int], object], end: int, spec: str) -> list[int]:
-    """Positions of nodes named `spec` or of op `spec`, or where execution enters the module `spec` names (by its
-    path or its class: entering another instance of the class is another entry)."""
-    matches = set(program.find_nodes(spec))
-    by_op_or_name = {n for n in matches if spec in (program.nodes[n].name, program.nodes[n].op,
-                                                    program.nodes[n].op_short)}
+def function_matches(program: Program, spec: str, mode: str) -> tuple[set[int], set[int]]:
+    """The nodes a function breakpoint in `mode` stops at: (those named `spec` or of op `spec`, those inside the
+    module `spec` names). In the backward, a node differentiating a node named (or of the op) matches too: it
+    computes that node's gradient."""
+    found = set(program.find_nodes(spec))
+    named = {n for n in found if spec in (program.nodes[n].name, program.nodes[n].op, program.nodes[n].op_short)}
+    inside = found - named
+    if mode != "forward":
+        named |= {n.index for n in program.nodes if n.phase == "backward" and n.differentiates in named}
+    phases = _PHASES[mode]
+    return ({n for n in named if program.nodes[n].phase in phases},
+            {n for n in inside if program.nodes[n].phase in phases})
+
+
+def function_positions(program: Program, node_at: Callable[[int], object], end: int, spec: str,
+                       mode: str = "forward") -> list[int]:
+    """Positions of the nodes function_matches gives by name or op, and where execution enters the module `spec`
+    names (by its path or its class: entering another instance of the class is another entry; so is entering its
+    backward)."""
+    named, inside = function_matches(program, spec, mode)
     out = []
     previous: str | None = None  # the module instance the previous node ran in
+    prev_phase = None
     for tick in range(end):
         node = node_at(tick)
         if node is None:
             continue
         idx = node.index
-        instance = program.module_instance(node, spec) if idx in matches and idx not in by_op_or_name else None
-        if idx in by_op_or_name or (instance is not None and instance != previous):
+        if node.phase != prev_phase:
+            previous, prev_phase = None, node.phase
+        instance = program.module_instance(node, spec) if idx in inside else None
+        if idx in named or (instance is not None and instance != previous):
             out.append(tick)
         previous = instance
     return out
+
+
+def runs_nowhere(program: Program, what: str, mode: str) -> str:
+    """Why a breakpoint on `what` (a line, a function) in `mode` has no node to stop at, though `what` runs."""
+    if mode == "backward" and not program.step_starts:
+        return ("mode 'backward' stops in the backward of a training step, and this program has none (an inference "
+                "pass): launch its training step (entry train_step), or use mode forward")
+    if mode == "backward":
+        return f"{what} runs no backward node (nothing it computes is differentiated): use mode forward or both"
+    return f"{what} runs only in the backward: use mode backward or both"
 
 
 def missing_function(program: Program, name: str) -> str:
@@ -229,6 +271,13 @@ class BreakpointTable:
             check_breakpoint_expressions(bp.condition, bp.hit_condition, bp.log_message)
         except ExpressionError as exc:
             bp.verified, bp.message = False, str(exc)
+        if bp.mode is not None and bp.mode not in MODES:
+            bp.verified, bp.message = False, bad_mode(bp.mode)
+
+    def mode_of(self, bp: Breakpoint) -> str:
+        """The breakpoint's mode, else the launch's (forward before a launch)."""
+        options = self.state.options
+        return bp.mode or (options.breakpoint_mode if options is not None else "forward")
 
     # -- setting ---------------------------------------------------------------------------------------
     def set_line(self, file: str, specs: Iterable[LineSpec]) -> list[Breakpoint]:
@@ -236,7 +285,7 @@ class BreakpointTable:
         result = []
         for spec in specs:
             bp = Breakpoint(self.next_id(), "line", f"{path}:{spec.line}", spec.condition,
-                            spec.hit_condition, spec.log_message, file=path, line=int(spec.line))
+                            spec.hit_condition, spec.log_message, file=path, line=int(spec.line), mode=spec.mode)
             self.validate(bp)
             if bp.verified and self.state.program is not None:
                 self._bind_line(bp)
@@ -248,38 +297,47 @@ class BreakpointTable:
         """After a launch: bind every line breakpoint to the new Program's lines."""
         for bps in self.line.values():
             for bp in bps:
-                self._bind_line(bp)
+                if bp.verified:
+                    self._bind_line(bp)
 
     def _bind_line(self, bp: Breakpoint) -> None:
-        line, why = resolve_line(self.state.program, bp.file, bp.line)
+        program = self.state.program
+        line, why = resolve_line(program, bp.file, bp.line)
         if line is None:
             bp.verified, bp.message = False, why
-        else:
-            bp.line = line
+            return
+        bp.line = line
+        mode = self.mode_of(bp)
+        if not any(program.nodes[n].phase in _PHASES[mode] for n in program.nodes_at_line(bp.file, line)):
+            bp.verified, bp.message = False, runs_nowhere(program, f"line {line}", mode)
 
     def set_function(self, specs: Iterable[FunctionSpec]) -> list[Breakpoint]:
         program = self.state.program
         self.function = self._named("function", [(spec.name, spec) for spec in specs],
-                                    lambda name: program is None or bool(program.find_nodes(name)),
-                                    lambda name: missing_function(program, name))
+                                    lambda bp: program is None or any(function_matches(program, bp.spec,
+                                                                                       self.mode_of(bp))),
+                                    lambda bp: missing_function(program, bp.spec) if not program.find_nodes(bp.spec)
+                                    else runs_nowhere(program, f"'{echo(bp.spec)}'", self.mode_of(bp)))
         return self.function
 
     def set_data(self, specs: Iterable[DataSpec]) -> list[Breakpoint]:
         program = self.state.program
         self.data = self._named("data", [(spec.value, spec) for spec in specs],
-                                lambda name: program is not None and name in program.values,
-                                lambda name: f"no value named '{name}' in the program")
+                                lambda bp: program is not None and bp.spec in program.values,
+                                lambda bp: f"no value named '{bp.spec}' in the program")
         return self.data
 
-    def _named(self, kind: str, specs: list[tuple[str, FunctionSpec | DataSpec]], exists: Callable[[str], bool],
-               missing: Callable[[str], str]) -> list[Breakpoint]:
-        """Breakpoints on things named in the Program: verified when their expressions parse and the name exists."""
+    def _named(self, kind: str, specs: list[tuple[str, FunctionSpec | DataSpec]],
+               exists: Callable[[Breakpoint], bool], missing: Callable[[Breakpoint], str]) -> list[Breakpoint]:
+        """Breakpoints on things named in the Program: verified when their expressions parse and the name exists
+        (a function breakpoint's: in its mode)."""
         result = []
         for name, spec in specs:
-            bp = Breakpoint(self.next_id(), kind, name, spec.condition, spec.hit_condition)
+            bp = Breakpoint(self.next_id(), kind, name, spec.condition, spec.hit_condition,
+                            mode=spec.mode if isinstance(spec, FunctionSpec) else None)
             self.validate(bp)
-            if bp.verified and not exists(name):
-                bp.verified, bp.message = False, missing(name)
+            if bp.verified and not exists(bp):
+                bp.verified, bp.message = False, missing(bp)
             result.append(bp)
         return result
 
@@ -302,7 +360,7 @@ class BreakpointTable:
                     self.state.on_event(Output(self._interpolate(bp.log_message, q) + "\n", "log"))
                 continue
             hit.append(bp)
-        return _stop(q, hit) if hit else None
+        return _stop(q, hit, self.mode_of) if hit else None
 
     def stops(self, start: int, stop: int) -> list[Stop]:
         """The stops breakpoints make at positions start..stop - 1 (log points never stop, and print nothing)."""
@@ -312,7 +370,7 @@ class BreakpointTable:
         for q in candidates:
             hit = [bp for bp in stopping if self._holds(bp, q, self._static_positions(bp))]
             if hit:
-                found.append(_stop(q, hit))
+                found.append(_stop(q, hit, self.mode_of))
         return found
 
     def _holding(self, q: int) -> list[Breakpoint]:
@@ -326,9 +384,9 @@ class BreakpointTable:
         if cached is not None and cached[0] == key:
             return cached[1]
         if bp.kind == "line":
-            found = line_positions(program, tl.node_at, tl.end, bp.file, bp.line)
+            found = line_positions(program, tl.node_at, tl.end, bp.file, bp.line, _PHASES[self.mode_of(bp)])
         elif bp.kind == "function":
-            found = function_positions(program, tl.node_at, tl.end, bp.spec)
+            found = function_positions(program, tl.node_at, tl.end, bp.spec, self.mode_of(bp))
         else:
             found = [r.tick + 1 for r in tl.log.history(bp.spec)]
         self._positions_cache[bp.id] = (key, (found, frozenset(found)))
@@ -368,19 +426,24 @@ class BreakpointTable:
         return re.sub(r"\{([^{}]+)\}", sub, message)
 
 
-def _stop(q: int, hit: list[Breakpoint]) -> Stop:
+def _stop(q: int, hit: list[Breakpoint], mode_of: Callable[[Breakpoint], str]) -> Stop:
     kinds = {bp.kind for bp in hit}
     reason = "data breakpoint" if kinds == {"data"} else (
         "function breakpoint" if kinds == {"function"} else "breakpoint")
-    return Stop(reason, q, ", ".join(_describe(bp) for bp in hit), [bp.id for bp in hit])
+    return Stop(reason, q, ", ".join(_describe(bp, mode_of(bp)) for bp in hit), [bp.id for bp in hit])
 
 
-def _describe(bp: Breakpoint) -> str:
+def _describe(bp: Breakpoint, mode: str) -> str:
+    shown = f" ({mode})" if mode != "forward" else ""
     if bp.kind == "line":
-        return f"breakpoint {bp.id} at {Path(bp.file).name}:{bp.line}"
+        return f"breakpoint {bp.id} at {Path(bp.file).name}:{bp.line}{shown}"
     if bp.kind == "function":
-        return f"breakpoint {bp.id} on {bp.spec}"
+        return f"breakpoint {bp.id} on {bp.spec}{shown}"
     return f"data breakpoint {bp.id}: write to {bp.spec}"
+
+
+def bad_mode(mode: Any) -> str:
+    return f"breakpoint mode '{echo(str(mode))}' is not one of {', '.join(MODES)}"
 
 
 def _short(value: Any) -> str:

@@ -1,10 +1,15 @@
 """What the Session shows at its position: stack frames, source variables, values and their stats, where a
 value physically lives and who wrote it, expressions; and edits, which write a value's bytes as a step of
 their own (undone by stepping back over it).
+
+In a training Program the top frame says the step, and an optimizer node's reads as its update ("AdamW update of
+l1.weight (step 3)"); `grad(l1.weight)` names the gradient of a parameter in the step of the position (its module
+path, a variable bound to it, or its Program value), wherever a value's name goes.
 """
 
 from __future__ import annotations
 
+import difflib
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,9 +20,10 @@ import torch
 from hardware.driver import placement_of
 from hardware.errors import ExpressionError, RewindError, echo
 from hardware.events import ProgressAfter
-from hardware.expressions import PROGRAM_VALUE, UndefinedNameError, evaluate, expression_names, truth
+from hardware.expressions import (PROGRAM_VALUE, UndefinedNameError, evaluate, expression_names, gradient_path,
+                                  truth)
 from hardware.memory import Placement
-from hardware.program import Node, Program
+from hardware.program import Node, Program, module_path_text
 from hardware.session.address_map import occupant
 from hardware.session.breakpoints import BreakpointTable, line_positions, resolve_line
 from hardware.session.state import FrameInfo, SessionState
@@ -87,17 +93,21 @@ class Inspection:
             return [FrameInfo(0, label, None, None, None)]
         out = []
         forward = tl.program.forward_node(node)  # a backward node's frames are those of the node it differentiates
+        step = self.state.step_of(tick)
+        in_step = f" (step {step})" if step is not None else ""
         for i, frame in enumerate(reversed(node.frames[:depth])):
             where = frame.module_path if frame.module_path is not None else ""
             if i == 0:
-                name = f"{node.name}{after} ({node.op_short}) [{where or '<root>'}]"
+                name = f"{node.name}{after} ({node.op_short}) [{where or '<root>'}]{in_step}"
             else:
                 name = f"{frame.module_class or ''}.{frame.loc.function} [{where or '<root>'}]".lstrip(".")
             if forward is not None:
                 name = f"grad of {forward.name}: {name}" if i == 0 else f"grad of {name}"
             out.append(FrameInfo(i, name, frame.loc.file, frame.loc.line, frame.module_path))
-        if not out:
-            out.append(FrameInfo(0, f"{node.name}{after} ({node.op_short})", None, None, node.module_path))
+        if not out:  # a node with no source line: an optimizer's, read as the update it is part of
+            label = f"{node.name}{after} ({node.op_short})"
+            label = f"{self.state.update_of(node)}{in_step}: {label}" if node.phase == "optimizer" else label + in_step
+            out.append(FrameInfo(0, label, None, None, node.module_path))
         return out
 
     def _frame(self, position: Tick | None, level: int) -> tuple[Node | None, Instance | None, int, int]:
@@ -154,6 +164,9 @@ class Inspection:
         if name.startswith(PROGRAM_VALUE):
             self._require_value(name[1:])
             return name[1:]
+        path = gradient_path(name)
+        if path is not None:
+            return self.gradient(path, level=level)
         binding = _Scope(self, None, level).lookup(name)
         if binding is _UNKNOWN:
             return None
@@ -163,6 +176,51 @@ class Inspection:
             raise RewindError(f"'{echo(name)}' is not one tensor: it holds {len(binding)} values"
                               f"{f' ({shown})' if shown else ''}; name one of them")
         return binding
+
+    # -- gradients (a training Program) ----------------------------------------------------------------
+    def gradients(self, position: Tick | None = None) -> dict[str, str]:
+        """Each parameter's gradient in the training step of the position (as the stack shows it; or of
+        `position`), by the parameter's module path (`l1.weight`): {} for an inference pass."""
+        program = self.state.program
+        step = self.state.step_of(self._shown()[0] if position is None else position)
+        if step is None:
+            return {}
+        return {program.values[p].target or p: g for p, g in program.gradients[step].items()}
+
+    def gradient(self, path: str, position: Tick | None = None, level: int = 0) -> str:
+        """The gradient value of a parameter in the training step of the position (or of `position`). `path` is
+        the parameter's module path (`l1.weight`, `layers[1].q.weight`, or from the user's variable:
+        `model.l1.weight`), a variable of frame `level` bound to it, or its Program value (`p_l1_weight`,
+        `$p_l1_weight`)."""
+        program = self.state.program
+        step = self.state.step_of(self._shown()[0] if position is None else position)
+        if step is None:
+            raise RewindError(f"grad({echo(path)}): this program is one inference pass, with no gradients; a "
+                              "training step has them (entry train_step)")
+        param = self._parameter(path, level)
+        grad = program.gradients[step].get(param)
+        if grad is None:
+            raise RewindError(f"'{echo(path)}' has no gradient: the loss does not depend on it")
+        return grad
+
+    def _parameter(self, path: str, level: int) -> str:
+        """The Program value of a parameter named as `gradient` takes it."""
+        values = self.state.program.values
+        params = {n: info.target or n for n, info in values.items() if info.kind == "parameter"}
+        by_path = {t: n for n, t in params.items()}
+        text = module_path_text(path)
+        candidates = [path.removeprefix(PROGRAM_VALUE), by_path.get(text), by_path.get(text.partition(".")[2])]
+        if not path.startswith(PROGRAM_VALUE):
+            try:  # a variable of the frame bound to the parameter
+                candidates.append(_Scope(self, None, level).lookup(path))
+            except ExpressionError:
+                pass
+        found = next((c for c in candidates if isinstance(c, str) and c in params), None)
+        if found is not None:
+            return found
+        close = difflib.get_close_matches(text, list(by_path), n=3, cutoff=0.6)
+        hint = f"; did you mean {' or '.join(close)}?" if close else f" (its parameters: {_listed(list(by_path))})"
+        raise RewindError(f"'{echo(path)}' is not a parameter of the model{hint}")
 
     def evaluate(self, expression: str, level: int = 0, position: Tick | None = None) -> Any:
         """A safe expression over the values at the position (or at `position`, as the stack there sees them);
@@ -207,7 +265,10 @@ class Inspection:
         """Every name of `expression` is somewhere in the program: a source variable or a value."""
         program, scopes = self.state.program, self._scopes
         for name, value in expression_names(expression):
-            if name not in program.values and (value or scopes is None or name not in scopes.names):
+            path = gradient_path(name)
+            if path is not None:
+                self._parameter(path, 0)
+            elif name not in program.values and (value or scopes is None or name not in scopes.names):
                 what = "value" if value else "variable or value"
                 raise ExpressionError(f"'{PROGRAM_VALUE if value else ''}{echo(name)}' is not a {what} of the "
                                       "program")
@@ -380,6 +441,10 @@ class Inspection:
         return self.write_memory(name, flat * tensor.element_size(), data)
 
 
+def _listed(names: list[str], shown: int = 6) -> str:
+    return ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
+
+
 @dataclass(frozen=True)
 class Scan:
     """Where `Inspection.find` looked (positions first..last) and what it found."""
@@ -457,7 +522,9 @@ class _LazyValues(Mapping):
             if name[1:] not in self.tl.program.values:
                 raise KeyError(name)
             return self._materialise(name[1:], name)
-        binding = self.scope.lookup(name)
+        path = gradient_path(name)
+        binding = self.scope.lookup(name) if path is None else self.scope.inspection.gradient(
+            path, self.position if self.scope.explicit else None, self.scope.level)
         if binding is _UNKNOWN:
             raise KeyError(name)
         return self._materialise(binding, name)

@@ -8,7 +8,9 @@ line of a caller before the call's first node runs (the call line) shows the sta
 since that instant is also the callee's first line; `stepIn` there enters the call without moving.
 
 Positions: position p means p steps have run and the node of step p is about to run, as a debugger
-stops before a line executes. Position `end` is the end of the program, where the session stays
+stops before a line executes. In a training Program time is also (training step, tick): every stop's description
+says both, and `goto_step` goes to the first node of a step; a line's backward is an execution of the line of its
+own, after its forward. Position `end` is the end of the program, where the session stays
 (stopped, reason "end") so the user can go back. The Timeline does the seeking (checkpoint/timeline.py);
 breakpoints and exception filters say where a motion stops (hardware/session/breakpoints.py,
 hardware/session/exception_filters.py).
@@ -19,13 +21,13 @@ from __future__ import annotations
 from typing import Callable
 
 from checkpoint.timeline import Timeline
-from hardware.errors import RewindError
+from hardware.errors import RewindError, echo
 from hardware.events import ExceptionDetails, Invalidated, ProgressAfter, Stopped
 from hardware.program import Frame
 from hardware.session.breakpoints import BreakpointTable, line_begins
 from hardware.session.exception_filters import ExceptionFilters
 from hardware.session.instruction_level import InstructionLevel
-from hardware.session.state import SessionState
+from hardware.session.state import SessionState, after_write
 from hardware.ticks import Direction, Stop, Tick
 
 GRANULARITIES = ("statement", "line", "instruction")  # statement and line are one thing: a line of Python source
@@ -203,7 +205,8 @@ class Motion:
         A loop over layers runs its line once per layer: a new call from it into another instance of the same
         code begins a new execution (breakpoints and goto targets count executions the same way)."""
         fa, fb = self.state.frames_at(a), self.state.frames_at(b)
-        return _in_line(frames, fa, depth) and _in_line(frames, fb, depth) and not line_begins(fa, fb, depth - 1)
+        return (_in_line(frames, fa, depth) and _in_line(frames, fb, depth) and not line_begins(fa, fb, depth - 1)
+                and self.tl.node_at(a).phase == self.tl.node_at(b).phase)  # nodes with frames: no edit
 
     def _line_start(self, q: Tick, frames: tuple[Frame, ...], depth: int) -> Tick:
         """Where the execution of the line frames[depth - 1] is at, which tick q runs, began."""
@@ -243,13 +246,29 @@ class Motion:
             return self._stay(None)
         return self._scan(Direction.FORWARD, lambda q: Stop("step", q) if q == tick else None, breakpoints=True)
 
-    def goto(self, tick: Tick) -> Stop:
+    def goto(self, tick: Tick, description: str | None = None) -> Stop:
         tl = self.tl
         if not 0 <= tick <= tl.end:
             raise RewindError(f"tick {tick} is outside the program (0..{tl.end})")
         tl.seek(tick)
         self.state.on_event(Invalidated())
-        return self.stopped(self._end_or(Stop("goto", tick, f"tick {tick}")))
+        return self.stopped(self._end_or(Stop("goto", tick, description or f"tick {tick}")))
+
+    def step_start(self, step: int) -> Tick:
+        """The tick where training step `step` (from 0) starts: its first node is about to run there."""
+        program = self.state.program
+        count = len(program.step_starts) if program is not None else 0
+        if not count:
+            raise RewindError("this program is one inference pass, with no training steps: launch a training step "
+                              "(entry train_step, steps N) to go to one")
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < count:
+            shown = step if isinstance(step, int) and not isinstance(step, bool) else f"'{echo(str(step))}'"
+            raise RewindError(f"step {shown} is not a step of this run: its steps are 0..{count - 1}")
+        return self.state.step_start(step)
+
+    def goto_step(self, step: int) -> Stop:
+        """To the start of training step `step` (from 0), before its first node runs."""
+        return self.goto(self.step_start(step), f"start of step {step}")
 
     def restore(self, tick: Tick) -> Stop:
         """Restore a checkpoint: go to its tick, where its values are retained."""
@@ -310,6 +329,9 @@ class Motion:
         return stop
 
     def stopped(self, stop: Stop) -> Stop:
+        step = self.state.step_of(stop.tick - 1 if after_write(stop) and stop.tick else stop.tick)
+        if step is not None:
+            stop.description = f"{stop.description or stop.reason} (step {step}, tick {stop.tick})"
         self.state.pause.clear()
         self.state.last_stop = stop
         if self.instructions.cursor is not None:

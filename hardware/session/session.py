@@ -32,7 +32,8 @@ from hardware.events import (ExceptionDetails, Nondeterminism, Output, ProgressA
 from hardware.frontends.torch_train import load_program
 from hardware.memory import Placement
 from hardware.program import Node, Program
-from hardware.session.breakpoints import Breakpoint, BreakpointTable, DataSpec, FunctionSpec, LineSpec
+from hardware.session.breakpoints import (MODES, Breakpoint, BreakpointTable, DataSpec, FunctionSpec, LineSpec,
+                                         bad_mode)
 from hardware.session.exception_filters import ExceptionFilters
 from hardware.session.inspection import Inspection, Scan
 from hardware.session.instruction_cursor import InstructionSpec
@@ -102,6 +103,8 @@ class Session:
         With `options.trace`, open that trace instead (no device needed); with `options.record`,
         record every step to a trace file as it runs. A program that does not load leaves a loaded one as it was."""
         driver = None
+        if options.breakpoint_mode not in MODES:
+            raise RewindError(bad_mode(options.breakpoint_mode) + " (the launch's breakpoint mode)")
         if not options.trace:  # what can fail on the user's side fails before the loaded program is let go
             program = program or load_program(options.program, options.entry, options.steps)
             driver = open_driver(options.driver, options.driver_options())
@@ -255,10 +258,12 @@ class Session:
     def exception_filters(self) -> set[str]:
         return self.exceptions.filters
 
-    def set_exception_filters(self, filters: Iterable[str]) -> None:
+    def set_exception_filters(self, filters: Iterable[str], conditions: Mapping[str, str] | None = None) -> None:
         """nan, inf: stop after the step that wrote a NaN / Inf its inputs did not carry; divergence: stop
-        after the step where the pass first leaves its reference (see provenance/forensics.py)."""
-        self.exceptions.choose(filters)
+        after the step where the pass first leaves its reference (see provenance/forensics.py); loss-spike: stop
+        at the start of a training step whose loss is over k times the running median (`conditions`:
+        {"loss-spike": "k=5"}; hardware/session/exception_filters.py)."""
+        self.exceptions.choose(filters, conditions)
 
     def nonfinite_at(self, tick: Tick, filters: Iterable[str] = ("nan", "inf")) -> ExceptionDetails | None:
         """Did step `tick` produce a NaN/Inf of a kind in `filters` (one its inputs did not carry)?"""
@@ -296,6 +301,7 @@ class Session:
                 "module": node.module_path if node else None,
                 "executed": tick < tl.frontier,
                 "edit": step.edit.description if step.edit else None,
+                "step": self.state.step_of(tick) or 0, "phase": node.phase if node else "edit",
             })
         return out
 
@@ -329,6 +335,19 @@ class Session:
 
     def goto(self, tick: Tick) -> Stop:
         return self.motion.goto(tick)
+
+    def goto_step(self, step: int) -> Stop:
+        """To the start of training step `step` (from 0): its first node is about to run."""
+        return self.motion.goto_step(step)
+
+    def step_start(self, step: int) -> Tick:
+        """Where training step `step` starts; a RewindError for a step the run does not have."""
+        return self.motion.step_start(step)
+
+    def steps(self) -> list[dict]:
+        """A training run's steps: each one's first tick and its loss value (none for an inference pass)."""
+        program = self.program
+        return [{"step": k, "tick": self.state.step_start(k), "loss": loss} for k, loss in enumerate(program.losses)]
 
     def restore(self, tick: Tick) -> Stop:
         """Restore a checkpoint: go to its tick, where its values are retained."""
@@ -370,6 +389,11 @@ class Session:
         """The Program value a name means in stack frame `level` (a source variable, or a Program value); None if
         neither; a RewindError saying why for a variable that holds no single tensor there now."""
         return self.inspection.resolve(name, level)
+
+    def gradients(self, position: Tick | None = None) -> dict[str, str]:
+        """Each parameter's gradient value in the training step shown (or of `position`), by the parameter's module
+        path; `grad(l1.weight)` reads one in an expression."""
+        return self.inspection.gradients(position)
 
     def evaluate(self, expression: str, level: int = 0, position: Tick | None = None) -> Any:
         """A safe expression over the values at the position (or at `position`); `interrupt()` stops it."""

@@ -13,7 +13,7 @@ from typing import Callable
 from checkpoint.timeline import Timeline
 from hardware.errors import NotStoppedError
 from hardware.events import SessionEvent
-from hardware.program import Frame, Program
+from hardware.program import Frame, Node, Program
 from hardware.ticks import Stop, Tick
 
 
@@ -25,6 +25,7 @@ class LaunchOptions:
     program: str = ""
     entry: str = "build"  # an entry returning an optimizer (train_step()) is a training step
     steps: int = 1  # training steps unrolled into the Program (hardware/frontends/torch_train.py)
+    breakpoint_mode: str = "forward"  # the nodes of a line a breakpoint stops in: forward, backward, both
     driver: str = "auto"
     budget_mb: float = 1024.0  # the device tier of the checkpoint ring
     every: int | None = None
@@ -51,6 +52,30 @@ class LaunchOptions:
         return {k: v for k, v in chosen.items() if v != defaults[k]}
 
 
+def after_write(stop: Stop) -> bool:
+    """Is `stop` right after a write it was made for (a data breakpoint, a NaN, an Inf, a divergence)?"""
+    if stop.reason == "data breakpoint":
+        return True
+    return stop.reason == "exception" and stop.exception is not None and stop.exception.filter in AFTER_WRITE
+
+
+def _updated_parameters(program: Program) -> dict[int, str]:
+    """Optimizer node -> the parameter whose update it is part of. torch.optim updates one parameter after another:
+    a parameter's run of nodes ends with the one that writes the parameter itself."""
+    found: dict[int, str] = {}
+    run: list[int] = []
+    for node in program.nodes:
+        if node.phase != "optimizer":
+            continue
+        run.append(node.index)
+        written = [program.buffer_mutations.get(o) for o in node.outputs]
+        param = next((w for w in written if w is not None and program.values[w].kind == "parameter"), None)
+        if param is not None:
+            found.update((i, param) for i in run)
+            run = []
+    return found
+
+
 @dataclass
 class FrameInfo:
     id: int  # 0 = innermost
@@ -71,6 +96,7 @@ class SessionState:
         self.options: LaunchOptions | None = None
         self.last_stop: Stop | None = None
         self.pause = threading.Event()  # set by Session.pause() from any thread; consumed by the next stop
+        self._updates: tuple[Program | None, dict[int, str]] = (None, {})  # updated_parameter's, for one Program
 
     @property
     def tl(self) -> Timeline:
@@ -85,9 +111,41 @@ class SessionState:
         stop, tl = self.last_stop, self.timeline
         if stop is None or tl is None or stop.tick != tl.position or not 0 < stop.tick <= tl.end or stop.instruction:
             return False
-        if stop.reason == "data breakpoint":
-            return True
-        return stop.reason == "exception" and stop.exception is not None and stop.exception.filter in AFTER_WRITE
+        return after_write(stop)
+
+    def step_of(self, tick: Tick) -> int | None:
+        """The training step of the node at `tick` (the end: the last node's; a user's edit: the node's before
+        it); None for an inference pass, which has no steps."""
+        if self.program is None or not self.program.step_starts:
+            return None
+        tl = self.tl
+        t = min(tick, tl.end - 1)
+        node = tl.node_at(t)
+        while node is None and t > 0:
+            t -= 1
+            node = tl.node_at(t)
+        return node.step if node is not None else 0
+
+    def training_context(self, node: Node) -> str:
+        """Where a node is in its training step, in the user's words: "in the backward of log", "in the AdamW update
+        of l1.weight"; "" for a forward node."""
+        if node.phase == "backward":
+            forward = self.program.forward_node(node)
+            return f"in the backward of {forward.name}" if forward is not None else "in the backward"
+        return f"in the {self.update_of(node)}" if node.phase == "optimizer" else ""
+
+    def update_of(self, node: Node) -> str:
+        """"AdamW update of l1.weight": the update an optimizer node is part of."""
+        program = self.program
+        if self._updates[0] is not program:
+            self._updates = (program, _updated_parameters(program))
+        param = self._updates[1].get(node.index)
+        target = "the parameters" if param is None else program.values[param].target or param
+        return f"{program.optimizer or 'optimizer'} update of {target}"
+
+    def step_start(self, step: int) -> Tick:
+        """The tick of the first node of training step `step`, which the caller has checked exists."""
+        return self.tl.node_tick[self.program.step_starts[step]]
 
     def frames_at(self, tick: Tick) -> tuple[Frame, ...]:
         """The source frames of the node at `tick` (none for a user's edit)."""

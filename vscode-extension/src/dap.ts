@@ -3,7 +3,7 @@
 // Tensor view, and the requests behind the Rewind commands.
 
 import { byteSpan, gather, Location, sliceOf, stats, TensorPayload } from './tensorData';
-import { Action, CheckpointEntry, tickWindow, TimelineBody, timelineTree, TimelineItem } from './timelineModel';
+import { Action, Birth, CheckpointEntry, tickWindow, TimelineBody, timelineTree, TimelineItem } from './timelineModel';
 
 export interface DebugClient {
   customRequest(command: string, args?: unknown): PromiseLike<any>;
@@ -16,7 +16,19 @@ export async function loadTimeline(client: DebugClient): Promise<{ position: num
   const now: TimelineBody = await client.customRequest('timeline', { count: 0 });
   const window: TimelineBody = await client.customRequest('timeline', tickWindow(now.position));
   const { checkpoints }: { checkpoints: CheckpointEntry[] } = await client.customRequest('checkpoints', {});
-  return { position: window.position, items: timelineTree(window, checkpoints) };
+  const births = window.steps?.length ? await loadBirths(client, window.end) : undefined;
+  return { position: window.position, items: timelineTree(window, checkpoints, births) };
+}
+
+/** The births of NaN/Inf of a run recorded to its end; undefined before it is (`timelineEvents` would first run the
+ * rest of the program, which refreshing a view must not do). */
+async function loadBirths(client: DebugClient, end: number): Promise<Birth[] | undefined> {
+  const last: TimelineBody = await client.customRequest('timeline', { start: end - 1, count: 1 });
+  if (!last.ticks[0]?.executed) {
+    return undefined;
+  }
+  const { events }: { events: ({ event: string } & Birth)[] } = await client.customRequest('timelineEvents', {});
+  return events.filter((e) => e.event === 'birth');
 }
 
 export async function runAction(client: DebugClient, action: Action): Promise<void> {

@@ -6,6 +6,12 @@ import { DEBUG_TYPE } from './debugSetup';
 import { loadTimeline, runAction } from './dap';
 import { Action, TimelineItem } from './timelineModel';
 
+/** A step where a NaN (an error) or only an Inf (a warning: often absorbed, as a mask's) was born. */
+const MARKS = {
+  nan: new vscode.ThemeIcon('error', new vscode.ThemeColor('errorForeground')),
+  inf: new vscode.ThemeIcon('warning', new vscode.ThemeColor('editorWarning.foreground')),
+};
+
 export class TimelineView implements vscode.TreeDataProvider<TimelineItem> {
   private items: TimelineItem[] = [];
   private readonly changed = new vscode.EventEmitter<void>();
@@ -36,7 +42,7 @@ export class TimelineView implements vscode.TreeDataProvider<TimelineItem> {
     tree.id = item.id;
     tree.description = item.description;
     tree.tooltip = item.tooltip;
-    tree.iconPath = item.current ? new vscode.ThemeIcon('debug-stackframe') : undefined;
+    tree.iconPath = item.current ? new vscode.ThemeIcon('debug-stackframe') : item.mark && MARKS[item.mark];
     if (item.action) {
       tree.command = { command: TIMELINE_GO, title: item.tooltip ?? item.label, arguments: [item.action] };
     }

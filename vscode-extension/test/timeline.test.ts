@@ -19,7 +19,7 @@ test('the window of ticks is centred on the position and starts at 0 at the begi
   assert.deepEqual(tickWindow(3), { start: 0, count: 12 });
 });
 
-test('the timeline shows the current tick, the checkpoints and the ticks around now', async () => {
+test('an inference pass shows the current tick, the checkpoints and the ticks around now, and no steps', async () => {
   const { position, items } = await loadTimeline(adapter);
   assert.equal(position, 20);
   assert.deepEqual(items.map((i) => i.id), ['now', 'checkpoints', 'ticks']);
@@ -32,6 +32,7 @@ test('the timeline shows the current tick, the checkpoints and the ticks around 
   assert.deepEqual([ticks[0].label, ticks.at(-1)?.label], ['tick 12', 'tick 28']);
   assert.deepEqual(ticks.filter((t) => t.current).map((t) => t.label), ['tick 20']);
   assert.match(ticks.at(-1)?.description ?? '', / · not run yet$/);
+  assert.ok(ticks.every((t) => !/^(step \d+|forward) · /.test(t.description ?? '')), 'an inference pass shows no steps or phases');
 });
 
 test('clicking a tick goes there and clicking a checkpoint restores it', async () => {

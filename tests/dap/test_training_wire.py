@@ -1,0 +1,159 @@
+"""Training steps through the wire and the console: breakpoints in a line's backward (a SourceBreakpoint's `mode`,
+the launch's `breakpointMode`), the Gradients scope and grad(...) names, gotoStep and the timeline's steps, a NaN
+only the backward makes, and a loss spike found forward and by reverseContinue from the end."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from dap_server.client import DapError
+from tests.dap.wire import MODELS, Debugger, line_of, named, rewind
+
+LATE_NAN = MODELS / "training" / "session_late_nan.py"  # a NaN only the backward makes, in step 2 of 3
+SPIKE = MODELS / "training" / "session_loss_spike.py"  # step 6 of 8 takes a batch 1000 times too large
+NAN_LINES = LATE_NAN.read_text().splitlines()
+BUG = line_of("# BUG", NAN_LINES)
+LABELS = line_of("target = y.clamp", NAN_LINES)  # runs no backward node
+
+
+def entry_at(debugger: Debugger, tick: int) -> dict:
+    return debugger.request("timeline", {"start": tick, "count": 1})["ticks"][0]
+
+
+@pytest.fixture(scope="module")
+def trainer(schema):
+    """A server with session_late_nan.py's three training steps loaded, stopped on entry."""
+    debugger = Debugger.spawn(schema)
+    stop = debugger.start(LATE_NAN, entry="train_step", steps=3, stopOnEntry=True)
+    assert stop["reason"] == "entry"
+    yield debugger
+    debugger.close()
+
+
+@pytest.fixture
+def at_entry(trainer: Debugger) -> Debugger:
+    trainer.reset(LATE_NAN)
+    trainer.request("setExceptionBreakpoints", {"filters": []})
+    return trainer
+
+
+def test_a_backward_breakpoint_stops_in_the_backward_and_says_the_mode_and_the_step(at_entry):
+    backward, sideways, labels = at_entry.set_breakpoints(LATE_NAN, [
+        {"line": BUG, "mode": "backward"}, {"line": BUG, "mode": "sideways"}, {"line": LABELS, "mode": "backward"}])
+    assert backward["verified"] and backward["line"] == BUG
+    assert not sideways["verified"] and "breakpoint mode 'sideways' is not one of forward, backward, both" in \
+        sideways["message"]
+    assert not labels["verified"] and "runs no backward node" in labels["message"]
+    only_backward, log = at_entry.request("setFunctionBreakpoints", {"breakpoints": [
+        {"name": "log_backward"}, {"name": "aten.log", "mode": "backward"}]})["breakpoints"]
+    assert not only_backward["verified"] and "runs only in the backward: use mode backward or both" in \
+        only_backward["message"]
+    assert log["verified"]
+    at_entry.request("setFunctionBreakpoints", {"breakpoints": []})
+    stop = at_entry.motion("continue")
+    tick = at_entry.position()
+    assert stop["reason"] == "breakpoint" and stop["hitBreakpointIds"] == [backward["id"]]
+    assert stop["description"] == f"breakpoint {backward['id']} at session_late_nan.py:{BUG} (backward) " \
+                                  f"(step 0, tick {tick})"
+    top = at_entry.top()
+    assert top["name"].startswith("grad of ") and top["name"].endswith("(step 0)") and top["line"] == BUG
+    assert entry_at(at_entry, tick)["phase"] == "backward"
+
+
+def test_a_nan_only_the_backward_makes_names_the_backward_node_the_forward_line_and_the_step(at_entry):
+    at_entry.request("setExceptionBreakpoints", {"filters": ["nan"]})
+    stop = at_entry.motion("continue")
+    tick = at_entry.position()
+    assert stop["reason"] == "exception"
+    assert re.search(rf"by aten\.div\.Tensor \('log_backward_step2'\) at {re.escape(str(LATE_NAN))}:{BUG}, in the "
+                     rf"backward of log_step2 \(step 2, tick {tick}\)$", stop["description"]), stop["description"]
+    info = at_entry.request("exceptionInfo", {"threadId": 1})
+    assert info["details"]["node"] == "log_backward_step2" and "in the backward of log_step2" in info["description"]
+    assert at_entry.top()["name"].startswith("grad of log_step2: log_backward_step2 (after write)")
+
+
+def test_the_gradients_scope_round_trips_through_evaluate_locate_and_data_breakpoints(at_entry):
+    end = at_entry.request("timeline", {"count": 0})["end"]
+    at_entry.motion("goto", {"threadId": 1, "targetId": end + 1})
+    gradients = at_entry.scope("Gradients")
+    shown = named(gradients, "grad(scale)")
+    assert shown["evaluateName"] == "grad(scale)" and shown["type"] == "gradient float32[4]"
+    again = at_entry.evaluate(shown["evaluateName"])
+    assert again["result"] == shown["value"]
+    assert at_entry.request("locate", {"name": "grad(scale)"})["value"] == "grad_p_scale_step2"
+    assert at_entry.request("provenance", {"name": "grad(scale)"})["lastWriter"]["value"] == "grad_p_scale_step2"
+    ref = next(s for s in at_entry.request("scopes", {"frameId": 1})["scopes"] if s["name"] == "Gradients")
+    info = at_entry.request("dataBreakpointInfo", {"name": "grad(scale)",
+                                                   "variablesReference": ref["variablesReference"]})
+    assert info["dataId"] == "grad_p_scale_step2"
+    with pytest.raises(DapError, match=r"'scael' is not a parameter of the model; did you mean scale\?"):
+        at_entry.evaluate("grad(scael)")
+
+
+def test_goto_step_and_the_timeline_speak_in_steps(at_entry):
+    steps = at_entry.request("timeline", {"count": 0})["steps"]
+    assert [s["step"] for s in steps] == [0, 1, 2] and [s["loss"] for s in steps] == ["loss", "loss_step1",
+                                                                                     "loss_step2"]
+    stop = at_entry.motion("gotoStep", {"step": 1})
+    assert stop["reason"] == "goto" and at_entry.position() == steps[1]["tick"]
+    assert stop["description"] == f"start of step 1 (step 1, tick {steps[1]['tick']})"
+    entry = entry_at(at_entry, steps[1]["tick"])
+    assert (entry["step"], entry["phase"]) == (1, "forward")
+    refusals = {3: r"step 3 is not a step of this run: its steps are 0\.\.2", -1: "step -1 is not a step",
+                "1": "field 'step'"}
+    for step, words in refusals.items():
+        with pytest.raises(DapError, match=words):
+            at_entry.request("gotoStep", {"threadId": 1, "step": step})
+    with pytest.raises(DapError, match="wrongField"):
+        at_entry.request("gotoStep", {"threadId": 1, "step": 1, "wrongField": 1})
+    assert at_entry.position() == steps[1]["tick"]
+
+
+def test_loss_spike_conditions_and_a_launch_mode_are_checked_one_by_one(at_entry):
+    answers = at_entry.request("setExceptionBreakpoints", {"filters": [], "filterOptions": [
+        {"filterId": "loss-spike", "condition": "k=0"}, {"filterId": "loss-spike", "condition": "k=abc"},
+        {"filterId": "nan", "condition": "k=5"}, {"filterId": "loss-spike", "condition": "k=5"}]})["breakpoints"]
+    assert [a["verified"] for a in answers] == [False, False, False, True]
+    assert "'k=0' is not k=N with N a number above 0" in answers[0]["message"]
+    assert "the exception filter 'nan' takes no condition" in answers[2]["message"]
+    with pytest.raises(DapError, match="breakpointMode"):
+        at_entry.request("restart", {"arguments": {"program": str(LATE_NAN), "entry": "train_step", "steps": 3,
+                                                   "driver": "torch:cpu", "breakpointMode": "sideways"}})
+    assert at_entry.position() == 0  # the refused restart left the run as it was
+
+
+def test_a_loss_spike_stops_at_the_end_of_the_step_before_and_reverse_continue_lands_there(trainer):
+    """Last in the module: the server goes on with the loss-spike model."""
+    trainer.request("setExceptionBreakpoints", {"filters": [], "filterOptions": [{"filterId": "loss-spike",
+                                                                                  "condition": "k=100"}]})
+    stop = trainer.motion("restart", {"arguments": {"program": str(SPIKE), "entry": "train_step", "steps": 8,
+                                                    "driver": "torch:cpu", "breakpointMode": "both"}})
+    assert stop["reason"] == "exception"
+    spike_start = trainer.request("timeline", {"count": 0})["steps"][6]["tick"]
+    assert trainer.position() == spike_start and stop["description"].startswith("loss spike: the loss of step 6")
+    info = trainer.request("exceptionInfo", {"threadId": 1})
+    assert info["details"]["typeName"] == "LossSpike" and info["details"]["evidence"]["step"] == 6
+    assert info["details"]["evidence"]["k"] == 100
+    assert trainer.motion("continue")["reason"] == "end"
+    back = trainer.motion("reverseContinue")
+    assert back["reason"] == "exception" and trainer.position() == spike_start
+
+
+def test_the_console_breaks_in_the_backward_goes_to_a_step_and_prints_a_gradient():
+    script = (f"break {BUG} backward\ncontinue\ngoto step 2\ngoto step 3\ndelete 1\ncontinue\ncontinue\n"
+              "print grad(scale).shape\nquit\n")
+    run = rewind("debug", str(LATE_NAN), "--entry", "train_step", "--steps", "3", "--json", stdin=script)
+    records = {r["command"]: r for r in map(json.loads, run.stdout.splitlines())}
+    assert records[f"break {BUG} backward"]["result"]["mode"] == "backward"
+    stops = [json.loads(line) for line in run.stdout.splitlines() if json.loads(line)["command"] == "continue"]
+    assert "(backward) (step 0, tick" in stops[0]["result"]["description"]
+    assert stops[1]["result"]["reason"] == "exception" and "in the backward of log_step2" in \
+        stops[1]["result"]["description"]
+    assert stops[2]["result"]["reason"] == "end"
+    assert records["goto step 2"]["result"]["description"].startswith("start of step 2 (step 2, tick ")
+    assert not records["goto step 3"]["ok"] and "its steps are 0..2" in records["goto step 3"]["error"]
+    assert records["print grad(scale).shape"]["result"]["result"] == "torch.Size([4])"
+    assert run.returncode == 1  # one command failed: goto step 3
