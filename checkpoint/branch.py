@@ -27,6 +27,7 @@ from hardware.driver import Driver, cast, execute_at, from_host, to_host
 from hardware.errors import DriverError, RewindError
 from hardware.instructions import InstructionDriver
 from hardware.program import Node, Ref
+from hardware.torch_tensors import dtype_name
 from hardware.ticks import Tick
 
 
@@ -115,7 +116,7 @@ class AttributePatch(Patch):
             raise DriverError(f"driver {driver.name} runs each node as it lowered it at load, so its attributes "
                               "cannot change on a branch: replace the node with a function instead")
         args, kwargs = list(args), dict(kwargs)
-        names = _schema_names(node)
+        names = schema_names(node)
         for name, value in self.changes:
             position = names.index(name)
             if position < len(args):
@@ -193,14 +194,11 @@ def check_dtype(driver: Driver, node: Node, patch: Patch, value: str, output: An
         return
     stored = cast(driver, output, recorded)
     if stored.dtype != output.dtype:
-        raise DtypeMismatch(node, patch, value, _dtype(stored), _dtype(output))
+        raise DtypeMismatch(node, patch, value, dtype_name(stored.dtype), dtype_name(output.dtype))
 
 
-def _dtype(tensor: Any) -> str:
-    return str(tensor.dtype).removeprefix("torch.")
-
-
-def _schema_names(node: Node) -> list[str]:
+def schema_names(node: Node) -> list[str]:
+    """The names of the op's arguments, in its schema's order (an error naming the node when it has no schema)."""
     return [a.name for a in _schema(node).arguments]
 
 
@@ -214,7 +212,7 @@ def _schema(node: Node) -> Any:
 def attribute_names(node: Node) -> list[str]:
     """The op's arguments a patch may change: those given a constant (an eps, a dim, a scale), and those left
     at their default that take no tensor."""
-    bound = dict(zip(_schema_names(node), node.args)) | node.kwargs
+    bound = dict(zip(schema_names(node), node.args)) | node.kwargs
     return [a.name for a in _schema(node).arguments
             if (not _refers(bound[a.name]) if a.name in bound else "Tensor" not in str(a.type))]
 

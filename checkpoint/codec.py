@@ -16,13 +16,13 @@ from __future__ import annotations
 import functools
 import re
 import warnings
-from typing import Any
+from typing import Any, get_args
 
 import lz4.block
 import torch
 
 from hardware.errors import RewindError
-from hardware.program import Frame, Node, Program, Ref, SourceLoc, ValueInfo
+from hardware.program import Frame, Node, Phase, Program, Ref, SourceLoc, ValueInfo
 
 MAX_TENSOR_BYTES = 2**31 - 1  # lz4 block limit
 MAX_NDIM = 64  # torch's own limit on a tensor's dimensions
@@ -42,7 +42,7 @@ MEMORY_FORMATS: dict[str, torch.memory_format] = {str(v).removeprefix("torch."):
 _DEVICE = re.compile(r"(cpu|cuda|meta|mps|xpu|hip|privateuseone)(:\d{1,4})?")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,199}")
 _VALUE_KINDS = ("input", "parameter", "buffer", "constant", "intermediate")
-_PHASES = ("forward", "backward", "optimizer")
+_PHASES = get_args(Phase)
 
 
 def dtype_of(name: str) -> torch.dtype:

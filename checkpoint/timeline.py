@@ -188,6 +188,15 @@ class Timeline:
         self.position = tick
         self.store.sync_buffers(self.position)
 
+    def record_through(self, tick: Tick | None = None) -> None:
+        """Execute the steps up to `tick` (default: the end) the pass has not run yet, leaving the position where
+        it was: the write log and the values exist from then on."""
+        tick = self.end if tick is None else tick
+        if self.frontier < tick:
+            here = self.position
+            self.seek(tick)
+            self.seek(here)
+
     # -- values (the store's) ------------------------------------------------------------------
     def value(self, name: str, position: Tick | None = None) -> Any:
         """The tensor `name` holds when `position` steps have run (materialised if evicted); a copy of one that
@@ -201,9 +210,6 @@ class Timeline:
 
     def value_version(self, name: str, version: Tick) -> Any:
         return self.store.value_version(name, version)
-
-    def program_source(self, buffer: str, tick: Tick) -> str:
-        return self.store.program_source(buffer, tick)
 
     def checkpoints(self) -> list[CheckpointInfo]:
         return self.store.checkpoints()
@@ -296,7 +302,7 @@ class Timeline:
                     if self.recorder is not None:
                         self.recorder.write(self.log.row(row))
             store.read_last(node, tick)
-            if (tick + 1) % self.every == 0 or self._starts_step(Tick(tick + 1)):
+            if (tick + 1) % self.every == 0 or (self._step_starts and self._starts_step(Tick(tick + 1))):
                 pins = store.checkpoint(Tick(tick + 1))
                 if self.recorder is not None:
                     self.recorder.checkpoint(tick + 1, sorted(pins))

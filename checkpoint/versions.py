@@ -292,14 +292,9 @@ class VersionStore:
             self.frontier_values[(name, tick)] = tensor
 
     def write_buffer(self, buffer: str, tick: Tick, tensor: Any) -> Any:
-        """`tick` wrote `tensor` into a mutated buffer's fixed memory; returns that memory. The value that wrote
-        the buffer's previous version is let go at the frontier (a training step updates each parameter once a
-        step: kept, every step's update would stay referenced to the end, outside the ring's budget)."""
+        """`tick` wrote `tensor` into a mutated buffer's fixed memory; returns that memory."""
         memory = self.physical[buffer]
         self.driver.copy_into(memory, tensor)
-        previous = self.versions[buffer][-1]
-        if previous != INITIAL and self.owner.schedule[previous].node is not None:  # not a user's edit
-            self.frontier_values.pop((self.program_source(buffer, previous), previous), None)
         self._physical_version[buffer] = tick
         self.versions[buffer].append(tick)
         return memory

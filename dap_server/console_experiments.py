@@ -94,7 +94,7 @@ class ExperimentCommands:
     def compare_branches(self, args: str) -> Result:
         """`compare BRANCH [BRANCH ...]` (the `compare` command is dap_server/console_numerics.py's)."""
         body = self._request("compareBranches", {"branches": args.split()})
-        return Result(describecomparison_text(body), body)
+        return Result(describe_comparison(body), body)
 
     def cmd_repair(self, args: str) -> Result:
         a = _REPAIR.parse(args)
@@ -281,7 +281,7 @@ def _difference(row: dict) -> str:
     return "-" if isinstance(a, str) or isinstance(b, str) else f"{a - b:+.3g}"
 
 
-def describecomparison_text(c: dict) -> str:
+def describe_comparison(c: dict) -> str:
     names = c["branches"]
     lines = ["outputs against the reference (errors in units of tolerance):"]
     lines += table(["output", ORIGINAL, *names],

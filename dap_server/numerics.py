@@ -13,6 +13,7 @@ from pydantic import Field
 from dap_server.events import working
 from dap_server.requests import StrictArguments, request
 from hardware.errors import RewindError, echo
+from hardware.jsonable import json_safe
 from provenance.compare import compare
 
 if TYPE_CHECKING:
@@ -168,8 +169,8 @@ def _difference(left: torch.Tensor, right: torch.Tensor) -> dict:
         return {**out, "firstDifference": None, "firstDifferenceReason": "no element differs"}
     flat = int(differ.reshape(-1).nonzero()[0])
     index = [int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(left.shape))]
-    out["firstDifference"] = {"index": index, "left": _number(left.reshape(-1)[flat]),
-                              "right": _number(right.reshape(-1)[flat])}
+    out["firstDifference"] = {"index": index, "left": json_safe(float(left.reshape(-1)[flat])),
+                              "right": json_safe(float(right.reshape(-1)[flat]))}
     return out
 
 
@@ -200,11 +201,6 @@ def _side(tick: int, tensor: torch.Tensor) -> dict:
 
 def _layout(tensor: torch.Tensor) -> dict:
     return {"dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape), "numel": tensor.numel()}
-
-
-def _number(x: torch.Tensor) -> float | str:
-    v = float(x)
-    return v if v == v and abs(v) != float("inf") else str(v)  # JSON has no NaN: spelled as protocol.md says
 
 
 def _unwritten(session: "Session", value: str) -> str:

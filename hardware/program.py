@@ -96,7 +96,7 @@ class Node:
         names = self.__dict__.get("_input_names")
         if names is None:
             found: list[str] = []
-            _collect_refs((self.args, self.kwargs), found)
+            collect_refs((self.args, self.kwargs), found)
             names = self.__dict__["_input_names"] = tuple(dict.fromkeys(found))
         return list(names)
 
@@ -113,26 +113,32 @@ class Node:
         return f"node {self.index} '{self.name}' ({self.op}){where}"
 
 
-def _collect_refs(obj: Any, out: list[str]) -> None:
+def collect_refs(obj: Any, out: list[str]) -> None:
+    """Append the name of every Ref in `obj` to `out`, one per place it takes (`x * x` takes x twice), in order."""
     if isinstance(obj, Ref):
         out.append(obj.name)
     elif isinstance(obj, (list, tuple)):
         for item in obj:
-            _collect_refs(item, out)
+            collect_refs(item, out)
     elif isinstance(obj, dict):
         for item in obj.values():
-            _collect_refs(item, out)
+            collect_refs(item, out)
+
+
+def map_refs(obj: Any, fn: Callable[[Ref], Any]) -> Any:
+    """Node arguments with each Ref replaced by `fn(ref)` (tuples, lists and dicts walked)."""
+    if isinstance(obj, Ref):
+        return fn(obj)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(map_refs(o, fn) for o in obj)
+    if isinstance(obj, dict):
+        return {k: map_refs(v, fn) for k, v in obj.items()}
+    return obj
 
 
 def renamed_refs(obj: Any, rename: Mapping[str, str]) -> Any:
     """Node arguments with each Ref renamed by `rename` (a Ref it does not name stays)."""
-    if isinstance(obj, Ref):
-        return Ref(rename.get(obj.name, obj.name))
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(renamed_refs(o, rename) for o in obj)
-    if isinstance(obj, dict):
-        return {k: renamed_refs(v, rename) for k, v in obj.items()}
-    return obj
+    return map_refs(obj, lambda r: Ref(rename.get(r.name, r.name)))
 
 
 class _Binder:
@@ -157,7 +163,7 @@ class _Binder:
 
 def _has_ref(obj: Any) -> bool:
     found: list[str] = []
-    _collect_refs(obj, found)
+    collect_refs(obj, found)
     return bool(found)
 
 
@@ -193,7 +199,10 @@ class Program:
             for name in node.input_names():
                 self.values[name].last_use = max(self.values[name].last_use, node.index)
         end = len(self.nodes)
-        for name in list(self.outputs) + list(self.buffer_mutations):
+        # A buffer's value at the end is what its last writer wrote (a training run updates each parameter once a
+        # step: the earlier updates live until the next step reads them, no longer).
+        last_writers = {buffer: value for value, buffer in self.buffer_mutations.items()}
+        for name in list(self.outputs) + list(last_writers.values()):
             self.values[name].last_use = end
 
     def __len__(self) -> int:

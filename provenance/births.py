@@ -51,7 +51,7 @@ def node_dict(node: Node) -> dict:
 
 def births(timeline: Timeline, program: Program) -> list[Birth]:
     """Every NaN/Inf birth of the pass on `timeline` (recorded to the end first), in tick order."""
-    record_to_end(timeline)
+    timeline.record_through()
     counts = _Counts(timeline, program)
     found = []
     after = -1
@@ -63,7 +63,7 @@ def births(timeline: Timeline, program: Program) -> list[Birth]:
 
 def births_at(timeline: Timeline, program: Program, tick: int) -> list[Birth]:
     """The births of the step at `tick` (none when it wrote no NaN/Inf its inputs did not carry)."""
-    record_to_end(timeline)
+    timeline.record_through()
     return _born_at(_Counts(timeline, program), tick)
 
 
@@ -79,14 +79,6 @@ def _born_at(counts: "_Counts", tick: int) -> list[Birth]:
             if count and not (kind == "inf" and writes_infinity(node)) and not counts.inputs_carry(node, kind):
                 found.append(_followed(counts, tick, node, rec.value, kind, count))
     return found
-
-
-def record_to_end(timeline: Timeline) -> None:
-    """Execute what the pass has not run yet, leaving the position where it was."""
-    if timeline.frontier < timeline.end:
-        position = timeline.position
-        timeline.seek(timeline.end)
-        timeline.seek(position)
 
 
 def writes_infinity(obj: Any) -> bool:

@@ -28,7 +28,7 @@ from hardware.errors import RewindError
 from hardware.events import ExceptionDetails, ProgressAfter
 from hardware.program import Node, Program, SourceLoc
 from provenance import training_patterns  # noqa: F401  (it registers the failure patterns of a training step)
-from provenance.births import Birth, births, record_to_end, writes_infinity
+from provenance.births import Birth, births, writes_infinity
 from provenance.compare import Comparison, Tolerance, compare, judged_precision
 from provenance.handed import SessionView
 from provenance.lineage import descendants, lineage
@@ -112,6 +112,7 @@ class Forensics:
         self.precision = judged_precision(self.program)  # the dtype each value is judged at
         self._reference: Reference | None = None
         self._introduced: dict[tuple, list[Comparison]] = {}
+        self.origins: dict[tuple, tuple] = {}  # provenance/origins.py's traces, by finding and the branch's patches
         self._outputs: dict[tuple, list[Comparison]] = {}  # by the outputs' recorded digests
         self._births: tuple[tuple, list[Birth]] | None = None  # (the pass's shape, its births)
 
@@ -134,7 +135,7 @@ class Forensics:
 
     def record_to_end(self) -> None:
         """Execute what the pass has not run yet, leaving the position where the user has it."""
-        record_to_end(self.timeline)
+        self.timeline.record_through()
 
     # -- per-node errors ------------------------------------------------------------------------------
     def floating_outputs(self, node: Node) -> list[str]:
@@ -228,9 +229,9 @@ class Forensics:
         discarded by a `where`), so no problem."""
         return not birth.reaches_output and self.reference_has(birth.value, birth.tick)
 
-    def reference_has(self, value: str, tick: int) -> bool:
-        """Is the reference non-finite wherever this pass's `value` (written at `tick`) is?"""
-        bad = ~torch.isfinite(self.test_value(value, tick + 1))
+    def reference_has(self, value: str, tick: int, test: torch.Tensor | None = None) -> bool:
+        """Is the reference non-finite wherever this pass's `value` (written at `tick`; `test`: as read already) is?"""
+        bad = ~torch.isfinite(self.test_value(value, tick + 1) if test is None else test)
         return bool((~torch.isfinite(self.reference.value(value)[bad])).all())
 
     def first_nonfinite(self) -> Finding | None:
@@ -298,8 +299,9 @@ class Forensics:
 
     def with_reference(self, found: Finding) -> Finding:
         """Add what the reference says about a NaN/Inf finding: does it have the same non-finite values?"""
-        found.reference_agrees = self.reference_has(found.details.value, found.tick)
-        found.observed = self._compare(found.details.value, self.test_value(found.details.value, found.tick + 1))
+        test = self.test_value(found.details.value, found.tick + 1)
+        found.reference_agrees = self.reference_has(found.details.value, found.tick, test)
+        found.observed = self._compare(found.details.value, test)
         return found
 
     # -- growth ---------------------------------------------------------------------------------------

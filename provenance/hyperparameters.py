@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from checkpoint.branch import AttributePatch, Patch
+from checkpoint.branch import AttributePatch, Patch, schema_names
 from hardware.errors import ProgramLoadError, RewindError, echo
 from hardware.frontends.torch_export import call_entry, user_file
 from hardware.frontends.torch_train import TRAIN_RETURNS, training_program, training_step
@@ -93,7 +93,7 @@ def _number(value: Any) -> bool:
 
 def _constants_changed(mine: Node, theirs: Node) -> dict[str, Any]:
     """The op's arguments (by their schema names) that hold other constants in `theirs`."""
-    names = [a.name for a in getattr(mine.target, "_schema").arguments]
+    names = schema_names(mine)
     out = {names[i]: b for i, (a, b) in enumerate(zip(mine.args, theirs.args)) if _constant(a) and a != b}
     out.update({k: v for k, v in theirs.kwargs.items() if _constant(v) and mine.kwargs.get(k) != v})
     return out

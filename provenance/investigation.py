@@ -88,19 +88,22 @@ class Investigation:
         return traced_dict(self.divergence, self.origin, self.origin_note) if self.divergence else None
 
 
-def investigate(session: WithForensics, ablate: bool = True, max_trials: int = DEFAULT_MAX_TRIALS) -> Investigation:
+def investigate(session: WithForensics, ablate: bool = True, max_trials: int = DEFAULT_MAX_TRIALS,
+                origin: bool = True) -> Investigation:
+    """The whole investigation; `origin: False` skips tracing the divergence upstream (its ablations), for callers
+    that need the findings only (the repair loop)."""
     f = session.forensics
     nonfinite = f.first_nonfinite()
     if nonfinite is not None:
         f.with_reference(nonfinite)
     absorbed = [b for b in f.births() if f.harmless(b)]
     divergence = f.first_divergence()
-    origin, note = trace_origin(f, divergence) if divergence else (None, "")
+    traced, note = trace_origin(f, divergence) if divergence and origin else (None, "not traced")
     outputs = f.outputs()
     needs_fix = not all(c.within for c in outputs)
     found = search(f, max_trials=max_trials) if ablate and needs_fix else None
     return Investigation(session.options.program, session.tl.driver.name, f.spec, len(session.program.nodes),
-                         nonfinite, divergence, outputs, found, absorbed, origin, note)
+                         nonfinite, divergence, outputs, found, absorbed, traced, note)
 
 
 def _divergence_headline(found: Finding, origin: Origin | None) -> str:

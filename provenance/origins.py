@@ -82,7 +82,16 @@ class Origin:
 
 
 def trace_origin(forensics: Forensics, found: Finding) -> tuple[Origin | None, str]:
-    """The confirmed origin upstream of a divergence `found`, and in words why (or why there is none)."""
+    """The confirmed origin upstream of a divergence `found`, and in words why (or why there is none); traced once
+    per finding and branch (the report, the problems and the firstDivergence request all ask)."""
+    patches = forensics.timeline.patches
+    key = (found.kind, found.tick, tuple(sorted(patches.items(), key=lambda kv: kv[0])))
+    if key not in forensics.origins:
+        forensics.origins[key] = _traced(forensics, found)
+    return forensics.origins[key]
+
+
+def _traced(forensics: Forensics, found: Finding) -> tuple[Origin | None, str]:
     if found.kind != "divergence" or found.observed is None:
         return None, "only a divergence is traced upstream"
     if all(c.within for c in forensics.outputs()):

@@ -205,7 +205,7 @@ class _Kind:
 
 EDITS: dict[str, _Kind] = {
     "loss-scaling": _Kind(
-        lambda program, scale: loss_scaled(program, scale), ("scale",),
+        loss_scaled, ("scale",),
         lambda scale: f"the loss scaled by {scale:g} before the backward, the gradients by 1/{scale:g} before the "
                       "optimizer",
         "scale the loss before backward() and unscale the gradients before optimizer.step(): "

@@ -29,10 +29,11 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from checkpoint.branch import AttributePatch, FunctionPatch, PrecisionPatch
-from hardware.program import Node, Program, Ref
+from checkpoint.branch import AttributePatch, FunctionPatch, PrecisionPatch, schema_names
+from hardware.program import Node, Program, Ref, collect_refs, map_refs
 from provenance.births import node_dict
 from provenance.fixes import Candidate, FunctionSource
+from provenance.forensics import is_floating
 from provenance.steps import place
 
 NO_FIX = "no fix validated, so there is nothing to write into the source"
@@ -157,7 +158,7 @@ def graph_changes(original: Program, fixed: Program) -> dict:
 
 
 def _signature(program: Program, node: Node) -> tuple:
-    constants = repr(_map_refs((node.args, node.kwargs), lambda r: "·"))
+    constants = repr(map_refs((node.args, node.kwargs), lambda r: "·"))
     return (node.op, node.module_path, line_text(program, node), constants,
             tuple(program.values[o].dtype for o in node.outputs))
 
@@ -172,16 +173,6 @@ def line_text(program: Program, node: Node) -> str:
         return ""
     lines = program.source_files.get(node.loc.file, "").splitlines()
     return lines[node.loc.line - 1].strip() if 0 < node.loc.line <= len(lines) else ""
-
-
-def _map_refs(obj: Any, fn: Callable[[Ref], Any]) -> Any:
-    if isinstance(obj, Ref):
-        return fn(obj)
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_map_refs(o, fn) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _map_refs(v, fn) for k, v in obj.items()}
-    return obj
 
 
 # -- one file's text and the edits made to it ---------------------------------------------------------------
@@ -462,7 +453,7 @@ def _paired(edit: _FileEdit, expr: ast.expr, node: Node) -> list[tuple[ast.expr,
 def _tensors(args: Any) -> list[str]:
     """The values among arguments, one per place they take (`x * x` takes x twice), in order."""
     found: list[str] = []
-    _map_refs(args, lambda r: found.append(r.name))
+    collect_refs(args, found)
     return found
 
 
@@ -538,7 +529,7 @@ class _Precision:
     def _cast(self, expr: ast.expr, site: _Wide, wide: dict[ast.expr, _Wide]) -> None:
         edit, values = site.edit, self.program.values
         back = values[site.nodes[0].outputs[0]].dtype
-        if not _floating(back):
+        if not is_floating(back):
             return  # a mask, an index: nothing to compute wider
         runs = [n for n in self.program.nodes if n.op == site.nodes[0].op and n.loc == site.nodes[0].loc]
         if len(runs) > len(site.nodes):
@@ -547,7 +538,7 @@ class _Precision:
         patched = {n.name for s in wide.values() for n in s.nodes}
         for operand, value in site.pairs:
             info = values[value]
-            if (operand in wide and wide[operand].dtype == site.dtype) or not _floating(info.dtype):
+            if (operand in wide and wide[operand].dtype == site.dtype) or not is_floating(info.dtype):
                 continue
             edit.wrap(operand, f".to({edit.torch_name()}.{site.dtype})")
             if info.producer is not None and self.program.nodes[info.producer].name in patched:
@@ -650,7 +641,7 @@ def _attributes(files: _Files, node: Node, patch: AttributePatch) -> None:
         edit, call = files.site(node)
     except NotExpressible:
         edit, call = None, None
-    schema = [a.name for a in node.target._schema.arguments]
+    schema = schema_names(node)
     if isinstance(call, ast.Call):  # F.layer_norm(x, shape, eps=0.0): the op's own call
         method = isinstance(call.func, ast.Attribute) and _root(call.func.value) not in edit.imported
         for name, value in patch.changes:
@@ -723,7 +714,3 @@ def _takes(files: _Files, cls: str, name: str) -> None:
                 if a is not None and not (a.kwarg or name in [p.arg for p in a.args + a.kwonlyargs]):
                     raise NotExpressible(f"{cls}'s constructor takes no {name} ({Path(file).name}:{klass.lineno})")
                 return
-
-
-def _floating(dtype: str) -> bool:
-    return dtype.startswith(("float", "bfloat"))

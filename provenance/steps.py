@@ -144,8 +144,9 @@ def update_ratios(program: Program, value_of: ValueOf, steps: int | None = None)
     parameters together, so a bias that starts at zero does not count as infinitely moved); NaN where they are not
     finite. `value_of` gives each value as the pass wrote it (a parameter: as the pass started)."""
     ratios = []
-    before = {p: value_of(p) for p in (updates(program)[0] if is_training(program) else {})}
-    for step in updates(program)[:steps]:
+    ups = updates(program)
+    before = {p: value_of(p) for p in (ups[0] if is_training(program) else {})}
+    for step in ups[:steps]:
         after = {p: value_of(u) for p, u in step.items()}
         size, moved = _norm(before[p] for p in after), _norm(after[p] - before[p] for p in after)
         ratios.append(moved / size if size > 0 else math.nan)

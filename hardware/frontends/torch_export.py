@@ -29,7 +29,7 @@ import traceback
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Iterator, Union
+from typing import Any, Callable, Iterator, Union
 
 import torch
 from torch.export import ExportedProgram
@@ -386,13 +386,18 @@ def _user_frames(stack_trace: str, module_stack: dict) -> list[Frame]:
 
 # -- inputs and outputs as the user gave and named them ---------------------------------------------------------
 
+def positional_names(fn: Callable) -> list[str]:
+    """The names of a function's parameters that can be given by position ([] when Python cannot read them)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a callable without a signature Python can read
+        return []
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
 def _input_labels(model: torch.nn.Module, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
     """Each top-level input with the name the user knows it by: its keyword, or the forward's parameter."""
-    try:
-        params = [p.name for p in inspect.signature(model.forward).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    except (TypeError, ValueError):  # a forward without a signature Python can read
-        params = []
+    params = positional_names(model.forward)
     ordinal = ("first", "second", "third", "fourth", "fifth")
     labels = []
     for i, value in enumerate(args):

@@ -43,7 +43,6 @@ The Program's shape (what the Session, forensics and benchmarks may rely on):
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import operator
 import re
@@ -63,8 +62,8 @@ from torch.utils import _pytree as pytree
 from hardware.errors import ProgramLoadError, echo, raised_in_user_code
 from hardware.frontends.optimizers import rule_of
 from hardware.frontends.torch_export import (Inputs, call_entry, check_input_types, checked_inputs, convert_node,
-                                             export, export_program, module_and_inputs, source_files, split_inputs,
-                                             tensor_inputs, user_file)
+                                             export, export_program, module_and_inputs, positional_names,
+                                             source_files, split_inputs, tensor_inputs, user_file)
 from hardware.program import Node, Program, ValueInfo, renamed_refs
 from hardware.torch_tensors import dtype_name
 
@@ -379,10 +378,10 @@ class _Tracer:
         for the target (`target` if it has none Python can read); `x_0`, `x_1` for the tensors inside one input."""
         model, loss_fn = self.step.model, self.step.loss_fn
         args, kwargs = split_inputs(self.step.inputs)
-        names = _parameter_names(model.forward)
+        names = positional_names(model.forward)
         if loss_fn is not None:
             names = [names[i] if i < len(names) else f"input_{i}" for i in range(len(args) - 1)]
-            names.append((_parameter_names(loss_fn)[1:2] or ["target"])[0])
+            names.append((positional_names(loss_fn)[1:2] or ["target"])[0])
         if kwargs and self.ep.call_spec.in_spec is not None:
             kwargs = reorder_kwargs(kwargs, self.ep.call_spec.in_spec)
         labels = []
@@ -594,11 +593,3 @@ def _unwrapped_stack(stack: dict) -> dict:
 
 def _placeholder_for(sig: Any, target: str) -> int:
     return next(i for i, s in enumerate(sig.input_specs) if s.target == target)
-
-
-def _parameter_names(fn: Callable) -> list[str]:
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):  # a callable without a signature Python can read
-        return []
-    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]

@@ -138,10 +138,7 @@ class ExceptionFilters:
         tl, program = self.state.tl, self.state.program
         name = program.losses[step]
         after = tl.node_tick[program.values[name].producer] + 1
-        if after > tl.frontier:
-            here = tl.position
-            tl.seek(after)
-            tl.seek(here)
+        tl.record_through(after)
         return float(tl.value(name, after))
 
     def _defer(self, tick: Tick, direction: Direction) -> bool:

@@ -29,7 +29,6 @@ from hardware.session.breakpoints import BreakpointTable, line_positions, resolv
 from hardware.session.state import FrameInfo, SessionState
 from hardware.source_names import Event, Instance, SourceScopes, flatten, source_scopes
 from hardware.ticks import Tick
-from provenance.births import record_to_end
 from provenance.lineage import lineage
 from provenance.writelog import WriteRecord
 
@@ -178,11 +177,11 @@ class Inspection:
         return binding
 
     # -- gradients (a training Program) ----------------------------------------------------------------
-    def gradients(self, position: Tick | None = None) -> dict[str, str]:
-        """Each parameter's gradient in the training step of the position (as the stack shows it; or of
-        `position`), by the parameter's module path (`l1.weight`): {} for an inference pass."""
+    def gradients(self) -> dict[str, str]:
+        """Each parameter's gradient in the training step of the position (as the stack shows it), by the
+        parameter's module path (`l1.weight`): {} for an inference pass."""
         program = self.state.program
-        step = self.state.step_of(self._shown()[0] if position is None else position)
+        step = self._step(None)
         if step is None:
             return {}
         return {program.values[p].target or p: g for p, g in program.gradients[step].items()}
@@ -193,7 +192,7 @@ class Inspection:
         `model.l1.weight`), a variable of frame `level` bound to it, or its Program value (`p_l1_weight`,
         `$p_l1_weight`)."""
         program = self.state.program
-        step = self.state.step_of(self._shown()[0] if position is None else position)
+        step = self._step(position)
         if step is None:
             raise RewindError(f"grad({echo(path)}): this program is one inference pass, with no gradients; a "
                               "training step has them (entry train_step)")
@@ -202,6 +201,10 @@ class Inspection:
         if grad is None:
             raise RewindError(f"'{echo(path)}' has no gradient: the loss does not depend on it")
         return grad
+
+    def _step(self, position: Tick | None) -> int | None:
+        """The training step of `position` (default: the position the stack shows); None for an inference pass."""
+        return self.state.step_of(self._shown()[0] if position is None else position)
 
     def _parameter(self, path: str, level: int) -> str:
         """The Program value of a parameter named as `gradient` takes it."""
@@ -248,9 +251,11 @@ class Inspection:
         progress = ProgressAfter(self.state.on_event)
         skipped, reason = 0, None
         stop.clear()
+        here = tl.position
         try:
             for q in range(start, last + 1):
-                self._recorded_through(q)
+                if q > tl.frontier:
+                    tl.seek(q)  # run ahead as far as the scan has come; back to `here` once, at the end
                 try:
                     if truth(evaluate(expression, self.names_at(q), stop=stop.is_set)):
                         return Scan(start, q, q, skipped, reason)
@@ -259,6 +264,8 @@ class Inspection:
                 progress(f"find: tick {q} of {last}", q - start, last - start + 1)
         finally:
             stop.clear()
+            if tl.position != here:
+                tl.seek(here)
         return Scan(start, last, None, skipped, reason)
 
     def _require_names(self, expression: str) -> None:
@@ -278,10 +285,7 @@ class Inspection:
         tl = self.state.tl
         if not 0 <= position <= tl.end:
             raise RewindError(f"tick {position} is outside the run (0..{tl.end})")
-        if position > tl.frontier:
-            here = tl.position
-            tl.seek(position)
-            tl.seek(here)
+        tl.record_through(position)
 
     def interrupt(self) -> None:
         """Thread-safe: stop the evaluation that runs now (no effect on motions: pause() stops those)."""
@@ -354,7 +358,7 @@ class Inspection:
         computed from what it views). Returns (the values, the writes)."""
         values = self._bound_anywhere(name)
         tl = self.state.tl
-        record_to_end(tl)
+        tl.record_through()
         writes = sorted((r for v in values for r in tl.log.history(v)), key=lambda r: r.index)
         return values, [self._write(r) for r in writes]
 

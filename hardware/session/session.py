@@ -41,7 +41,6 @@ from hardware.session.instruction_level import InstructionLevel
 from hardware.session.motion import Motion
 from hardware.session.state import FrameInfo, LaunchOptions, SessionState
 from hardware.ticks import Direction, Stop, Tick
-from provenance.births import record_to_end
 from provenance.experiments import Experiments
 from provenance.fixes import forget_sources
 from provenance.forensics import Forensics
@@ -301,7 +300,7 @@ class Session:
                 "module": node.module_path if node else None,
                 "executed": tick < tl.frontier,
                 "edit": step.edit.description if step.edit else None,
-                "step": self.state.step_of(tick) or 0, "phase": node.phase if node else "edit",
+                "step": node.step if node else self.state.step_of(tick) or 0, "phase": node.phase if node else "edit",
             })
         return out
 
@@ -390,10 +389,10 @@ class Session:
         neither; a RewindError saying why for a variable that holds no single tensor there now."""
         return self.inspection.resolve(name, level)
 
-    def gradients(self, position: Tick | None = None) -> dict[str, str]:
-        """Each parameter's gradient value in the training step shown (or of `position`), by the parameter's module
-        path; `grad(l1.weight)` reads one in an expression."""
-        return self.inspection.gradients(position)
+    def gradients(self) -> dict[str, str]:
+        """Each parameter's gradient value in the training step shown, by the parameter's module path;
+        `grad(l1.weight)` reads one in an expression."""
+        return self.inspection.gradients()
 
     def evaluate(self, expression: str, level: int = 0, position: Tick | None = None) -> Any:
         """A safe expression over the values at the position (or at `position`); `interrupt()` stops it."""
@@ -411,7 +410,7 @@ class Session:
     def breakpoint_stops(self, start: Tick, stop: Tick) -> list[Stop]:
         """Where breakpoints hold at positions start..stop - 1, as a continue would stop there (nothing printed).
         The pass is run to its end first: conditions read values there."""
-        record_to_end(self.tl)
+        self.tl.record_through()
         return self.breakpoints.stops(start, stop)
 
     def interrupt(self) -> None:

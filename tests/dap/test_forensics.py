@@ -126,3 +126,14 @@ def test_clean_model_runs_to_the_end_under_nan_and_divergence_filters(debugger):
     stop = load(debugger, FORENSICS / "mixed_precision.py", ["nan", "divergence"])
     assert stop["reason"] == "end"
     assert debugger.request("firstDivergence", {})["divergence"] is None
+
+
+def test_the_nonfinite_output_filter_skips_an_absorbed_infinity_through_the_wire(debugger):
+    """T5-like: a log(0) = -inf discarded before the outputs stops `inf`, not `nonfinite-output`."""
+    path = FORENSICS / "absorbed_log.py"
+    assert load(debugger, path, ["inf"])["reason"] == "exception"
+    assert load(debugger, path, ["nonfinite-output"])["reason"] == "end"
+    stop = load(debugger, path, ["nonfinite-output"], entry="leaky")
+    assert stop["reason"] == "exception"
+    info = debugger.request("exceptionInfo", {"threadId": 1})
+    assert info["exceptionId"] == "inf" and info["details"]["source"].endswith(f":{line_of(path, '# REACHES')}")
