@@ -292,7 +292,7 @@ def overhead_rows(o: dict, label: str) -> list[tuple[str, str, str]]:
 def long_rows(m: dict, run_s: float, steps: int, backs: dict[str, tuple[float, float]],
               o: dict) -> list[tuple[str, str, str]]:
     written, node_s = o["step_bytes"] * steps, o["eager"] / o["nodes"]
-    within = m["held"] <= TARGET_SHARE * written and m["whole"] == steps and m["peak"] <= m["budget"]
+    within = m["held"] <= TARGET_SHARE * written and m["kept"] == steps and m["peak"] <= m["budget"]
     budget = "every write retained" if m["budget"] >= EVERYTHING_MB * 2**20 else \
         f"budget {mib(m['budget'])} = {m['budget'] / written:.0%} of what they write"
     return [

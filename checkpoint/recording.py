@@ -118,6 +118,7 @@ def open_trace(path: str, make_timeline: Callable[[Program, Driver, TraceArchive
             timeline.log.append_row(row)
             timeline.versions.setdefault(row[3], [INITIAL] if row[3] in timeline.initial else []).append(row[0])
         timeline.frontier = recorded
+        timeline.store.resync()
         for tick, pins in c.checkpoints:
             timeline.ring.checkpoints[tick] = Checkpoint(tick, frozenset((p[0], p[1]) for p in pins), "trace",
                                                          thinned=True)

@@ -17,6 +17,7 @@ from hardware.ticks import Tick
 
 
 VersionKey = tuple[str, Tick]  # (value name, tick that wrote it; -1 for the initial state)
+EVICTION_SLACK = 32  # an eviction pass frees this fraction of the budget beyond what is needed
 
 
 @dataclass
@@ -124,20 +125,27 @@ class Ring:
 
     def _make_room(self, need: int, protect: Callable[[VersionKey], bool], distance: Callable[[VersionKey], tuple[int, int]],
                    position: Tick, incoming: VersionKey) -> bool:
+        """Evict the versions farthest from `position` until `need` fits with some slack below the budget, in one
+        pass over the candidates sorted once: evicting one at a time, each after a scan of every retained version,
+        is quadratic in a long run's thousands of small versions (a training run's optimizer state)."""
         if need > self.budget:
             return False
+        slack = self.budget // EVICTION_SLACK
         while not self._room(need):
             pinned = self.pinned()
             candidates = [k for k in self._slots if k not in pinned and not protect(k) and k != incoming]
-            if candidates:
-                victim = max(candidates, key=distance)
+            if not candidates:
+                if not self._thin(position):
+                    return False
+                continue
+            candidates.sort(key=distance, reverse=True)
+            for victim in candidates:
+                if self._room(need) and self.used + need + slack <= self.budget:
+                    break
                 if self.spill is not None:
                     self.spill(victim, self._slots[victim].tensor)
                 self.drop(victim)
                 self.evictions += 1
-                continue
-            if not self._thin(position):
-                return False
         return True
 
     def _room(self, need: int) -> bool:

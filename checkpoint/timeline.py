@@ -381,6 +381,7 @@ class Timeline:
         self.log.extend(branch.log)
         for name, ticks in branch.versions.items():
             self.versions[name].extend(ticks)
+        self.store.resync()
         self.seconds.update(branch.seconds)
         self.frontier = branch.frontier
         self.recorder, self.archive = branch.recorder, branch.archive

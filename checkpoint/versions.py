@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Mapping, Protocol
+from typing import Any, Callable, Hashable, Iterable, Mapping, Protocol
 
 from checkpoint.codec import dtype_of
 from checkpoint.ring import Checkpoint, Ring, VersionKey
@@ -97,6 +97,12 @@ class VersionStore:
             self.initial[buf] = driver.clone(self.initial[buf])  # the driver's mapping takes the pre-image
             self.buffer_source[src] = buf
         self._physical_version: dict[str, Tick | None] = {b: INITIAL for b in self.physical}
+        # Which buffers each node writes, and the position the buffers were last made to hold (None: unknown, so
+        # the next sync checks every buffer): moving between two positions only the buffers written between them
+        # can change, so a step forward checks its own writes, not every parameter and optimizer state.
+        self._node_buffers = {n.index: [self.buffer_source[o] for o in n.outputs if o in self.buffer_source]
+                              for n in program.nodes}
+        self._synced: Tick | None = None
         self.versions: dict[str, list[Tick]] = {name: [INITIAL] for name in self.initial}
         pooled = pools_checkpoints(driver) if device_pool is None else device_pool
         pool = checkpoint_pool(driver, budget) if pooled else None
@@ -315,11 +321,34 @@ class VersionStore:
 
     def sync_buffers(self, position: Tick) -> None:
         """Make each mutated buffer's physical memory hold its version at `position`."""
-        for buf, mem in self.physical.items():
+        if not self.physical:
+            return
+        for buf in self._buffers_to_sync(position):
             want = self.version_at(buf, position)
             if want != self._physical_version[buf]:
-                self.driver.copy_into(mem, self.value_version(buf, want))
+                self.driver.copy_into(self.physical[buf], self.value_version(buf, want))
                 self._physical_version[buf] = want
+        self._synced = position
+
+    def _buffers_to_sync(self, position: Tick) -> Iterable[str]:
+        """The buffers whose version may differ from what their memory holds: those written between the last
+        synced position and `position` (every buffer when that is unknown or the move is long)."""
+        last = self._synced
+        if last is None or abs(position - last) > 4 * len(self.physical):
+            return list(self.physical)
+        lo, hi = (last, position) if last <= position else (position, last)
+        touched: dict[str, None] = {}
+        for step in self.owner.schedule[lo:hi]:
+            if step.node is not None:
+                touched.update(dict.fromkeys(self._node_buffers[step.node]))
+            elif step.edit is not None and step.edit.value in self.physical:
+                touched[step.edit.value] = None
+        return touched
+
+    def resync(self) -> None:
+        """The versions changed other than by running forward (a trace's rows loaded): check every buffer at the
+        next sync."""
+        self._synced = None
 
     def truncate(self, tick: Tick) -> None:
         """Forget every version written at or after `tick` (the buffers are rewritten at the next sync)."""
@@ -333,6 +362,7 @@ class VersionStore:
             version = self._physical_version[buf]
             if version is None or version >= tick:
                 self._physical_version[buf] = None  # force a rewrite at the next sync
+        self._synced = None
 
     # -- checkpoints -------------------------------------------------------------------------------
     def checkpoints(self) -> list[CheckpointInfo]:

@@ -1,8 +1,9 @@
 """An optimizer's hyperparameters changed on a branch: the update's nodes with other constants.
 
-A training Program bakes the optimizer's hyperparameters into its update's nodes as constants (SGD's learning rate is
-the `alpha` of the add that writes each parameter; AdamW's weight decay is folded into `1 - lr * weight_decay`). So
-a hyperparameter is changed by tracing the step again from the model file with the optimizer's param groups changed,
+Adam's and AdamW's update nodes take the numbers as arguments (`rewind::adam_update`): those are patched directly.
+Other updates bake the hyperparameters into their nodes as constants (SGD's learning rate is the `alpha` of the add
+that writes each parameter; amsgrad's weight decay is folded into `1 - lr * weight_decay`). So there a
+hyperparameter is changed by tracing the step again from the model file with the optimizer's param groups changed,
 and patching each node whose constants differ (an attribute patch, checkpoint/branch.py): whatever the optimizer
 derives from the hyperparameter changes with it. A change that adds or removes nodes (a weight decay from 0, a flag
 such as nesterov) is refused: it is the file's to make.
@@ -18,6 +19,7 @@ from checkpoint.branch import AttributePatch, Patch, schema_names
 from hardware.errors import ProgramLoadError, RewindError, echo
 from hardware.frontends.torch_export import call_entry, user_file
 from hardware.frontends.torch_train import TRAIN_RETURNS, training_program, training_step
+from hardware.optimizer_ops import ADAM_UPDATE, adam_argument
 from hardware.program import Node, Program, Ref
 from provenance.steps import check_step, counterparts, is_training
 
@@ -33,6 +35,9 @@ def hyperparameter_patches(program: Program, model: str, entry: str, changes: di
     check_step(program, first)
     if not isinstance(changes, dict) or not changes:
         raise RewindError("name at least one of the optimizer's hyperparameters to change: {\"lr\": 0.01}")
+    patches = _adam_patches(program, changes, first)
+    if patches is not None:
+        return patches
     changed = _retraced(program, model, entry, changes)
     step0 = program.nodes[: program.step_starts[1] if len(program.step_starts) > 1 else len(program.nodes)]
     if [(n.op, n.input_names()) for n in step0] != [(n.op, n.input_names()) for n in changed.nodes]:
@@ -43,6 +48,30 @@ def hyperparameter_patches(program: Program, model: str, entry: str, changes: di
         differ = _constants_changed(mine, theirs)
         if differ:
             patches += [AttributePatch.of(program.nodes[i], differ) for i in counterparts(program, mine.index, first)]
+    if not patches:
+        raise RewindError(f"the optimizer already has {_listed(changes)}: no node of its update changes")
+    return patches
+
+
+def _adam_patches(program: Program, changes: dict, first: int) -> list[Patch] | None:
+    """Adam's update nodes take its numbers as arguments (hardware/optimizer_ops.py): they change without tracing the
+    step again. None when the update is not Adam's nodes, or a change is not one of its numbers (the trace says
+    what the optimizer has)."""
+    update = [n for n in program.nodes if n.step == 0 and n.phase == "optimizer"]
+    if not update or any(n.op != ADAM_UPDATE for n in update):
+        return None
+    wanted: dict[str, Any] = {}
+    for key, value in changes.items():
+        held = tuple(adam_argument(update[0], b) for b in ("beta1", "beta2")) if key == "betas" else \
+            adam_argument(update[0], key) if key in ("lr", "eps", "weight_decay") else None
+        if held is None or not _numbers_like(value, held):
+            return None
+        wanted.update(zip(("beta1", "beta2"), value) if key == "betas" else [(key, value)])
+    patches: list[Patch] = []
+    for node in update:
+        differ = {k: v for k, v in wanted.items() if adam_argument(node, k) != v}
+        if differ:
+            patches += [AttributePatch.of(program.nodes[i], differ) for i in counterparts(program, node.index, first)]
     if not patches:
         raise RewindError(f"the optimizer already has {_listed(changes)}: no node of its update changes")
     return patches

@@ -30,6 +30,7 @@ import math
 import torch
 
 from checkpoint.branch import AttributePatch, FunctionPatch, PrecisionPatch
+from hardware.optimizer_ops import ADAM_UPDATE, adam_argument
 from hardware.program import Node, Program
 from provenance import fix_functions
 from provenance.ablation import search, wider_dtype
@@ -187,8 +188,9 @@ def _update_in_float32(finding: Finding, forensics: Forensics) -> Candidate | No
     in float32 between the steps' updates (a float32 master copy), the forward reading them cast back."""
     if not finding.match or finding.match.pattern.name != "adam-epsilon-underflow":
         return None
-    chosen = [(n, d) for n in forensics.program.nodes if n.phase == "optimizer"
-              and (d := wider_dtype(forensics, n)) == "float32" and forensics.floating_outputs(n)]
+    values = forensics.program.values
+    chosen = [(n, "float32") for n in forensics.program.nodes if n.phase == "optimizer"  # its step count aside
+              and any(values[o].dtype in ("float16", "bfloat16") for o in forensics.floating_outputs(n))]
     return _precision("the optimizer's update in float32", chosen, "the optimizer's state in float32")
 
 
@@ -199,13 +201,12 @@ def _representable_epsilon(finding: Finding, forensics: Forensics) -> Candidate 
     if not finding.match or finding.match.pattern.name != "adam-epsilon-underflow":
         return None
     program = forensics.program
-    divisor = program.nodes[program.values[finding.node.input_names()[1]].producer]
-    eps = next(a for a in divisor.args if isinstance(a, float))
-    dtype = getattr(torch, program.values[divisor.outputs[0]].dtype)
+    eps = adam_argument(finding.node, "eps")
+    dtype = getattr(torch, program.values[finding.node.outputs[2]].dtype)  # the second moment's
     held = 10.0 ** math.ceil(math.log10(torch.finfo(dtype).tiny))
-    nodes = [n for n in program.nodes if n.phase == "optimizer" and n.op == divisor.op and eps in n.args]
+    nodes = [n for n in program.nodes if n.op == ADAM_UPDATE and adam_argument(n, "eps") == eps]
     return Candidate(f"the optimizer's eps {eps:g} -> {held:g}", "built-in",
-                     [AttributePatch.of(n, {"other": held}) for n in nodes], {},
+                     [AttributePatch.of(n, {"eps": held}) for n in nodes], {},
                      f"{finding.match.pattern.title}: {held:g} is the smallest power of ten {dtype} holds as a normal "
                      "number (set eps where the optimizer is made)")
 

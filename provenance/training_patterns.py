@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from hardware.optimizer_ops import ADAM_UPDATE, adam_argument
 from hardware.program import Node
 from provenance.patterns import LOW_PRECISION, Evidence, pattern, times
 from provenance.steps import EXPLODING_UPDATE, gradient_norms, op_name, update_ratios
@@ -106,19 +107,16 @@ def _exploding_gradients(ev: Evidence) -> str | None:
          "give the optimizer an epsilon the dtype holds (eps=1e-4 in float16: its smallest normal number is 6.1e-05), "
          "or keep the optimizer's state and update in float32 (a float32 master copy of the weights)", training=True)
 def _adam_epsilon_underflow(ev: Evidence) -> str | None:
-    if ev.node.phase != "optimizer" or ev.op != "aten.div" or ev.program is None or len(ev.node.args) < 2:
+    if ev.node.phase != "optimizer" or ev.node.op != ADAM_UPDATE or ev.program is None or ev.recorded is None:
         return None
-    name = getattr(ev.node.args[1], "name", None)
-    producer = ev.program.values[name].producer if name in ev.program.values else None
-    add = ev.program.nodes[producer] if producer is not None else None
-    eps = next((a for a in add.args if isinstance(a, float)), None) if add and add.op_short == "aten.add" else None
-    dtype = getattr(torch, ev.program.values[name].dtype) if name in ev.program.values else None
+    eps, moment = adam_argument(ev.node, "eps"), ev.node.outputs[2]  # outputs: parameter, exp_avg, exp_avg_sq, step
+    dtype = getattr(torch, ev.program.values[moment].dtype)
     if not eps or not dtype.is_floating_point or torch.tensor(eps, dtype=dtype).item() != 0:
         return None
-    zeros = int((ev.inputs[name] == 0).sum())
+    zeros = int((ev.recorded(moment) == 0).sum())
     if not zeros or bool(torch.isfinite(ev.output).all()):
         return None
     info = torch.finfo(dtype)
-    return (f"the optimizer's epsilon ({eps:g}) is 0 in {ev.program.values[name].dtype} (its smallest number is "
-            f"{info.tiny * info.eps:.3g}), so where the second moment underflowed to 0 ('{name}' has {zeros} zero "
+    return (f"the optimizer's epsilon ({eps:g}) is 0 in {ev.program.values[moment].dtype} (its smallest number is "
+            f"{info.tiny * info.eps:.3g}), so where the second moment underflowed to 0 ('{moment}' has {zeros} zero "
             "element(s)) the update divides by 0")

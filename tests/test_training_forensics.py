@@ -112,7 +112,7 @@ def test_an_optimizer_epsilon_float16_cannot_hold_is_suggested_one_it_can_in_eve
     suggested = {c.name: c for c in KnowledgeBase(tmp_path / "fixes.json").suggest(finding, session.forensics)}
     eps = suggested["the optimizer's eps 1e-08 -> 0.0001"]
     parameters = [n for n, v in session.program.values.items() if v.kind == "parameter"]
-    assert len(eps.patches) == len(parameters) and all(p.changes == (("other", 1e-4),) for p in eps.patches)
+    assert len(eps.patches) == len(parameters) and all(p.changes == (("eps", 1e-4),) for p in eps.patches)
     assert list(suggested).index("the optimizer's update in float32") < list(suggested).index(eps.name)
 
 

@@ -16,8 +16,10 @@ import torch
 from checkpoint.trace import PROGRAM, TraceError
 from dap_server.client import DapError
 from hardware.errors import ProgramLoadError
+from hardware.frontends.optimizers import rule_of
 from hardware.frontends.torch_export import user_file
 from hardware.frontends.torch_train import MAX_NODES, MAX_STEPS, load_program
+from hardware.optimizer_ops import ADAM_ARGUMENTS, adam_update
 from hardware.session import DataSpec, Direction, LaunchOptions, Session
 from provenance.reference import open_reference
 from tests.conftest import EXAMPLES, MODELS, line_of
@@ -100,6 +102,28 @@ def test_parameters_after_one_and_three_steps_equal_an_eager_loop(path):
             torch.testing.assert_close(session.tensor(updated(name, step)), param, rtol=1e-6, atol=1e-8)
     for name, param in params.items():  # the parameter value itself holds the last update
         torch.testing.assert_close(session.tensor(value(name)), param, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("kind, options", [(torch.optim.AdamW, {"weight_decay": 0.1}),
+                                           (torch.optim.Adam, {"weight_decay": 0.05, "maximize": True})],
+                         ids=["adamw", "adam-l2-maximize"])
+def test_an_adam_update_node_is_torch_optims_update_bit_for_bit(kind, options):
+    torch.manual_seed(0)
+    eager = torch.nn.Parameter(torch.randn(5, 7))
+    optimizer = kind([eager], lr=3e-3, **options)
+    hyper = rule_of(optimizer).hyper(optimizer.param_groups[0])
+    param, state = eager.detach().clone(), {"exp_avg": torch.zeros(5, 7), "exp_avg_sq": torch.zeros(5, 7),
+                                            "step": torch.tensor(0.0)}
+    for _ in range(3):
+        grad = torch.randn(5, 7)
+        eager.grad = grad.clone()
+        optimizer.step()
+        param, *moments, step = adam_update(param, grad, state["exp_avg"], state["exp_avg_sq"], state["step"],
+                                            *(hyper[k] for k in ADAM_ARGUMENTS))
+        state = dict(zip(("exp_avg", "exp_avg_sq", "step"), (*moments, step)))
+        held = optimizer.state[eager]
+        assert torch.equal(param, eager.detach()) and torch.equal(state["exp_avg_sq"], held["exp_avg_sq"])
+        assert torch.equal(state["exp_avg"], held["exp_avg"]) and torch.equal(state["step"], held["step"])
 
 
 def test_the_float64_reference_runs_the_training_program_as_eager_float64_does():
@@ -387,7 +411,8 @@ def test_steps_out_of_range_or_of_the_wrong_type_are_refused(tmp_path, steps):
 
 
 def test_steps_that_would_make_too_large_a_program_are_refused_with_the_most_that_fit(tmp_path):
-    adam = "def train_step():\n    m = tiny()\n    return m, pair(), nn.MSELoss(), torch.optim.AdamW(m.parameters())\n"
+    adam = ("def train_step():\n    m = nn.Sequential(tiny(), nn.Tanh(), nn.Linear(2, 2), nn.Tanh(), nn.Linear(2, 2))\n"
+            "    return m, pair(), nn.MSELoss(), torch.optim.AdamW(m.parameters())\n")
     with pytest.raises(ProgramLoadError, match=f"{MAX_STEPS} steps of \\d+ nodes each make \\d+ nodes; a Program "
                                                f"holds at most {MAX_NODES}: at most \\d+ steps of this model"):
         load_program(model_file(tmp_path, adam), "train_step", MAX_STEPS)

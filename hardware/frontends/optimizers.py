@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from hardware.errors import ProgramLoadError
+from hardware.optimizer_ops import ADAM_ARGUMENTS, adam_update
 
 SUPPORTED_OPTIMIZERS = "torch.optim.SGD (lr, momentum, weight_decay, nesterov, maximize), torch.optim.Adam and " \
                        "torch.optim.AdamW (lr, betas, eps, weight_decay, amsgrad, maximize)"
@@ -66,9 +67,9 @@ class _SGD:
 
 
 class _Adam:
-    """torch.optim.Adam's and AdamW's single-tensor update (torch/optim/adam.py), functional; the step count is a
-    tensor, as torch.optim keeps it, and the bias corrections are computed from it in float64 (torch computes them
-    in Python floats)."""
+    """torch.optim.Adam's and AdamW's single-tensor update (torch/optim/adam.py): one `rewind::adam_update` node a
+    parameter; with amsgrad, functional ops a node each (the step count is a tensor, as torch.optim keeps it, and the
+    bias corrections are computed from it in float64, where torch computes them in Python floats)."""
 
     @staticmethod
     def hyper(group: dict) -> dict:
@@ -88,6 +89,10 @@ class _Adam:
 
     @staticmethod
     def update(p: torch.Tensor, grad: torch.Tensor, state: dict, h: dict) -> dict[str, torch.Tensor]:
+        if not h["amsgrad"]:  # one node: hardware/optimizer_ops.py
+            param, exp_avg, exp_avg_sq, step = adam_update(p, grad, state["exp_avg"], state["exp_avg_sq"],
+                                                           state["step"], *(h[k] for k in ADAM_ARGUMENTS))
+            return {"step": step, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq, "param": param}
         grad = -grad if h["maximize"] else grad
         step = state["step"].add(1)
         if h["weight_decay"] and h["decoupled"]:
@@ -97,8 +102,7 @@ class _Adam:
         exp_avg = state["exp_avg"].lerp(grad, 1 - h["beta1"])
         exp_avg_sq = state["exp_avg_sq"].mul(h["beta2"]).addcmul(grad, grad, value=1 - h["beta2"])
         out = {"step": step, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
-        if h["amsgrad"]:
-            exp_avg_sq = out["max_exp_avg_sq"] = torch.maximum(state["max_exp_avg_sq"], exp_avg_sq)
+        exp_avg_sq = out["max_exp_avg_sq"] = torch.maximum(state["max_exp_avg_sq"], exp_avg_sq)
         count = step.to(torch.float64)
         step_size = h["lr"] / (1 - torch.pow(h["beta1"], count))
         denom = exp_avg_sq.sqrt().div((1 - torch.pow(h["beta2"], count)).sqrt()).add(h["eps"])

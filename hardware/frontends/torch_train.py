@@ -13,9 +13,11 @@ training step; `train_step` is the name by convention.
 
 The route: torch.export of the module and its loss (user frames and module stacks as an inference Program has
 them), then make_fx over that graph run by an fx Interpreter, `torch.autograd.grad` and the optimizer's update
-written as functional tensor ops. With node metadata preserved, autograd's sequence numbers reach the traced
-backward ops (torch.fx.traceback.set_grad_fn_seq_nr from a hook on each autograd node, as AOTAutograd does): each
-backward op carries the number of the forward op it differentiates.
+written as functional tensor ops (Adam's and AdamW's as one `rewind::adam_update` node a parameter,
+hardware/optimizer_ops.py: a dozen nodes a parameter made the update most of a debuggable step's time). With node
+metadata preserved, autograd's sequence numbers reach the traced backward ops (torch.fx.traceback.set_grad_fn_seq_nr
+from a hook on each autograd node, as AOTAutograd does): each backward op carries the number of the forward op it
+differentiates.
 
 The Program's shape (what the Session, forensics and benchmarks may rely on):
 - Nodes in order: step 0's forward (`phase` "forward"; loc, frames and module_stack as in an inference Program),
