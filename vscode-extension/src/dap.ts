@@ -2,6 +2,7 @@
 // in the editor, a plain DAP connection in tests): the Timeline view's data, a tensor slice for the
 // Tensor view, and the requests behind the Rewind commands.
 
+import { FirstDivergence } from './divergenceWatch';
 import { byteSpan, gather, Location, sliceOf, stats, TensorPayload } from './tensorData';
 import { Action, Birth, CheckpointEntry, tickWindow, TimelineBody, timelineTree, TimelineItem } from './timelineModel';
 
@@ -11,13 +12,13 @@ export interface DebugClient {
 
 export const MAX_READ_BYTES = 4 * 2 ** 20; // the adapter's readMemory limit per request
 
-/** The Timeline view's tree, and the position it shows. */
-export async function loadTimeline(client: DebugClient): Promise<{ position: number; items: TimelineItem[] }> {
+/** The Timeline view's tree, and the position it shows; `divergence`: what forensics last found (DivergenceWatch). */
+export async function loadTimeline(client: DebugClient, divergence?: FirstDivergence): Promise<{ position: number; items: TimelineItem[] }> {
   const now: TimelineBody = await client.customRequest('timeline', { count: 0 });
   const window: TimelineBody = await client.customRequest('timeline', tickWindow(now.position));
   const { checkpoints }: { checkpoints: CheckpointEntry[] } = await client.customRequest('checkpoints', {});
-  const births = window.steps?.length ? await loadBirths(client, window.end) : undefined;
-  return { position: window.position, items: timelineTree(window, checkpoints, births) };
+  const births = await loadBirths(client, window.end);
+  return { position: window.position, items: timelineTree(window, checkpoints, births, divergence) };
 }
 
 /** The births of NaN/Inf of a run recorded to its end; undefined before it is (`timelineEvents` would first run the

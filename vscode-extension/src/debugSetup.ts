@@ -34,14 +34,17 @@ class AdapterFactory implements vscode.DebugAdapterDescriptorFactory {
   }
 }
 
-/** Register the debug type; `onStopped` runs after every `stopped` event of a Rewind session. */
-export function registerDebugType(context: vscode.ExtensionContext, onStopped: (s: vscode.DebugSession) => void) {
+/** Register the debug type; `onStopped` runs after every `stopped` event of a Rewind session, `onMessage` on every
+ * message its adapter sends. */
+export function registerDebugType(context: vscode.ExtensionContext, onStopped: (s: vscode.DebugSession) => void,
+  onMessage: (s: vscode.DebugSession, m: { type: string }) => void) {
   context.subscriptions.push(
     vscode.debug.registerDebugConfigurationProvider(DEBUG_TYPE, new ConfigurationProvider()),
     vscode.debug.registerDebugAdapterDescriptorFactory(DEBUG_TYPE, new AdapterFactory()),
     vscode.debug.registerDebugAdapterTrackerFactory(DEBUG_TYPE, {
       createDebugAdapterTracker: (session) => ({
         onDidSendMessage: (m: { type: string; event?: string }) => {
+          onMessage(session, m);
           if (m.type === 'event' && m.event === 'stopped') {
             onStopped(session);
           }

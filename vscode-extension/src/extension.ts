@@ -15,7 +15,8 @@ const output = vscode.window.createOutputChannel('Rewind');
 
 export function activate(context: vscode.ExtensionContext): void {
   const timeline = new TimelineView();
-  registerDebugType(context, (session) => void onStopped(session, timeline));
+  registerDebugType(context, (session) => void onStopped(session, timeline),
+    (session, message) => timeline.heard(session, message) && void guarded(() => timeline.refresh(session)));
   context.subscriptions.push(
     output,
     vscode.window.registerTreeDataProvider('rewind.timeline', timeline),
@@ -29,7 +30,7 @@ export function activate(context: vscode.ExtensionContext): void {
       vscode.commands.registerCommand(id, (arg) => guarded(() => report(id, arg)))),
     vscode.debug.onDidStartDebugSession((s) => s.type === DEBUG_TYPE &&
       guarded(() => languageServer.analyse(s.configuration as RewindConfiguration, s.workspaceFolder?.uri.fsPath))),
-    vscode.debug.onDidTerminateDebugSession(() => guarded(() => timeline.refresh())),
+    vscode.debug.onDidTerminateDebugSession((s) => guarded(() => (timeline.forget(s), timeline.refresh()))),
   );
 }
 

@@ -153,15 +153,42 @@ export function stats(values: number[]): Stats {
   return finite ? { min, max, mean: sum / finite, nan, inf } : { min: NaN, max: NaN, mean: NaN, nan, inf };
 }
 
-/** Counts of the finite values in `bins` equal bins over [min, max]. */
-export function histogram(values: number[], bins: number): { lo: number; hi: number; counts: number[] } {
+/** A histogram as the adapter's `histogram` request answers it: the finite values in equal bins from their min to
+ * their max (`edges` one longer than `counts`; one bin when they are all equal, none when no value is finite), each
+ * bin [edge, next edge) but the last, which holds its upper edge; NaN and each infinity counted apart. */
+export interface Histogram {
+  edges: number[];
+  counts: number[];
+  nan: number;
+  posinf: number;
+  neginf: number;
+}
+
+export function histogram(values: number[], bins: number): Histogram {
   const { min, max } = stats(values);
-  const counts = new Array(bins).fill(0);
-  const width = (max - min) / bins || 1;
+  const n = Number.isNaN(min) ? 0 : max > min ? bins : 1;
+  const edges = n ? Array.from({ length: n + 1 }, (_, i) => (i === n ? max : min + ((max - min) * i) / n)) : [];
+  const out: Histogram = { edges, counts: new Array(n).fill(0), nan: 0, posinf: 0, neginf: 0 };
   for (const v of values) {
-    if (Number.isFinite(v)) {
-      counts[Math.min(bins - 1, Math.floor((v - min) / width))]++;
+    if (Number.isNaN(v)) {
+      out.nan++;
+    } else if (v === Infinity) {
+      out.posinf++;
+    } else if (v === -Infinity) {
+      out.neginf++;
+    } else {
+      out.counts[binOf(v, edges)]++;
     }
   }
-  return { lo: min, hi: max, counts };
+  return out;
+}
+
+/** The last bin whose lower edge is at or below `v`: exact at the edges, where dividing by the width may round. */
+function binOf(v: number, edges: number[]): number {
+  let lo = 0;
+  for (let hi = edges.length - 2; lo < hi; ) {
+    const mid = Math.ceil((lo + hi) / 2);
+    [lo, hi] = edges[mid] <= v ? [mid, hi] : [lo, mid - 1];
+  }
+  return lo;
 }

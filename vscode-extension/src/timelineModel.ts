@@ -1,7 +1,10 @@
 // The Rewind Timeline view as data: the current tick, a training run's steps (click: go to the step's start; marked
-// where a NaN or Inf was born), the checkpoints (click: restore) and the ticks around now (click: go there), built
-// from the adapter's `timeline`, `timelineEvents` and `checkpoints` answers. An inference pass has no steps: its view
-// shows nothing of them.
+// where a NaN or Inf was born), each birth of NaN/Inf (click: go to its tick), where the pass started to diverge from
+// its reference once forensics found it (click: go there), the checkpoints (click: restore) and the ticks around now
+// (click: go there; marked as births and the divergence are), built from the adapter's `timeline`, `timelineEvents`,
+// `checkpoints` and `firstDivergence` answers. An inference pass has no steps: its view shows nothing of them.
+
+import { Divergence, FirstDivergence } from './divergenceWatch';
 
 export interface TickEntry {
   tick: number;
@@ -55,18 +58,22 @@ export interface Action {
   args: Record<string, number>;
 }
 
+/** What an item is marked with: a NaN or an Inf born there (the worst of them), or the divergence starting there. */
+export type Mark = Birth['kind'] | 'divergence';
+
 export interface TimelineItem {
   id: string;
   label: string;
   description?: string;
   tooltip?: string;
   current?: boolean;
-  mark?: Birth['kind']; // the worst birth of NaN/Inf in it
+  mark?: Mark;
   action?: Action;
   children?: TimelineItem[];
 }
 
 export const TICKS_AROUND = 8;
+export const MAX_BIRTHS_SHOWN = 100;
 const THREAD_ID = 1;
 
 /** The window of ticks the view shows around `position`: the `timeline` request's arguments. */
@@ -75,8 +82,10 @@ export function tickWindow(position: number): { start: number; count: number } {
   return { start, count: position - start + TICKS_AROUND + 1 };
 }
 
-/** The view's tree; `births` undefined while they are not known (the run has not reached its end). */
-export function timelineTree(timeline: TimelineBody, checkpoints: CheckpointEntry[], births?: Birth[]): TimelineItem[] {
+/** The view's tree; `births` undefined while they are not known (the run has not reached its end), `divergence`
+ * while forensics has not looked for it. */
+export function timelineTree(timeline: TimelineBody, checkpoints: CheckpointEntry[], births?: Birth[],
+  divergence?: FirstDivergence): TimelineItem[] {
   const { position, end, ticks } = timeline;
   const steps = timeline.steps ?? [];
   const here = ticks.find((t) => t.tick === position);
@@ -87,15 +96,18 @@ export function timelineTree(timeline: TimelineBody, checkpoints: CheckpointEntr
     description: here ? describeTick(here, steps.length > 0) : undefined,
     current: true,
   };
+  const marks = marksByTick(births ?? [], divergence?.divergence ?? null);
   return [
     now,
     ...(steps.length ? [stepsItem(steps, births, position, end)] : []),
+    birthsItem(births, position),
+    divergenceItem(divergence, position),
     {
       id: 'checkpoints',
       label: `Checkpoints (${checkpoints.length})`,
       children: checkpoints.map((c) => checkpointItem(c, position)),
     },
-    { id: 'ticks', label: 'Ticks around now', children: ticks.map((t) => tickItem(t, position, steps.length > 0)) },
+    { id: 'ticks', label: 'Ticks around now', children: ticks.map((t) => tickItem(t, position, steps.length > 0, marks.get(t.tick))) },
   ];
 }
 
@@ -107,6 +119,84 @@ export function stepAt(steps: StepEntry[], tick: number): number {
     [lo, hi] = steps[mid].tick <= tick ? [mid, hi] : [lo, mid - 1];
   }
   return steps[lo].step;
+}
+
+function birthsItem(births: Birth[] | undefined, position: number): TimelineItem {
+  if (!births) {
+    return { id: 'births', label: 'NaN/Inf born', description: 'known once the run has reached its end' };
+  }
+  const more = births.length - MAX_BIRTHS_SHOWN;
+  return {
+    id: 'births',
+    label: `NaN/Inf born (${births.length})`,
+    description: births.length ? undefined : 'none in this run',
+    children: [
+      ...births.slice(0, MAX_BIRTHS_SHOWN).map((b) => birthItem(b, position)),
+      ...(more > 0 ? [{ id: 'births-more', label: `+${more} more`, description: 'the debug console\'s timeline command lists them all' }] : []),
+    ],
+  };
+}
+
+function birthItem(b: Birth, position: number): TimelineItem {
+  return {
+    id: `birth-${b.tick}-${b.value}`,
+    label: `tick ${b.tick}`,
+    description: `${KIND[b.kind]} in ${b.value}${b.source ? ` · ${basename(b.source)}` : ''}`,
+    tooltip: `${describeBirth(b)}\nGo to tick ${b.tick}, where ${b.node} is about to write it`,
+    current: b.tick === position,
+    mark: b.kind,
+    action: gotoTick(b.tick),
+  };
+}
+
+function divergenceItem(answer: FirstDivergence | undefined, position: number): TimelineItem {
+  if (!answer) {
+    return { id: 'divergence', label: 'Divergence: not looked for', description: 'Rewind: Compare with reference finds where it started' };
+  }
+  const d = answer.divergence;
+  if (!d) {
+    return { id: 'divergence', label: 'No divergence', description: `from ${answer.reference}`, tooltip: answer.divergenceReason };
+  }
+  const origin = d.origin && d.origin.tick !== d.tick ? [originItem(d.origin, position)] : [];
+  return {
+    id: 'divergence',
+    label: `Divergence started: tick ${d.tick}`,
+    description: `${d.node}${d.source ? ` · ${basename(d.source.file)}:${d.source.line}` : ''}`,
+    tooltip: [...(d.headline ? [d.headline] : []), describeDivergence(d, answer.reference),
+      ...(d.pattern ? [`${d.pattern.title}; fix: ${d.pattern.fix}`] : []), `Go to tick ${d.tick}, where ${d.node} is about to run`].join('\n'),
+    current: d.tick === position,
+    mark: 'divergence',
+    action: gotoTick(d.tick),
+    ...(origin.length ? { children: origin } : {}),
+  };
+}
+
+function originItem(o: NonNullable<Divergence['origin']>, position: number): TimelineItem {
+  return {
+    id: 'divergence-origin',
+    label: `error introduced: tick ${o.tick}`,
+    description: `${o.node}${o.source ? ` · ${basename(o.source)}` : ''}`,
+    tooltip: `${o.node} (${o.op})${o.source ? ` at ${o.source}` : ''} introduced the error the divergence grew from\nGo to tick ${o.tick}`,
+    current: o.tick === position,
+    action: gotoTick(o.tick),
+  };
+}
+
+function describeDivergence(d: Divergence, reference: string): string {
+  const where = d.source ? ` at ${d.source.file}:${d.source.line}` : '';
+  return `${d.count} elements of ${d.value} beyond tolerance of ${reference}, written by ${d.node} (${d.op})${where}`;
+}
+
+/** Each tick's mark: a NaN born there, else an Inf, else the divergence starting there. */
+function marksByTick(births: Birth[], divergence: Divergence | null): Map<number, { mark: Mark; why: string }> {
+  const marks = new Map<number, { mark: Mark; why: string }>();
+  if (divergence) {
+    marks.set(divergence.tick, { mark: 'divergence', why: `the divergence from the reference starts here (${divergence.node})` });
+  }
+  for (const kind of ['inf', 'nan'] as const) {
+    births.filter((b) => b.kind === kind).forEach((b) => marks.set(b.tick, { mark: kind, why: describeBirth(b) }));
+  }
+  return marks;
 }
 
 function stepsItem(steps: StepEntry[], births: Birth[] | undefined, position: number, end: number): TimelineItem {
@@ -162,13 +252,14 @@ function checkpointItem(c: CheckpointEntry, position: number): TimelineItem {
   };
 }
 
-function tickItem(t: TickEntry, position: number, training: boolean): TimelineItem {
+function tickItem(t: TickEntry, position: number, training: boolean, marked?: { mark: Mark; why: string }): TimelineItem {
   return {
     id: `tick-${t.tick}`,
     label: `tick ${t.tick}`,
     description: (training ? `step ${t.step} · ` : '') + describeTick(t, training) + (t.executed ? '' : ' · not run yet'),
-    tooltip: `Go to tick ${t.tick} (unit ${t.unit})`,
+    tooltip: `Go to tick ${t.tick} (unit ${t.unit})${marked ? `\n${marked.why}` : ''}`,
     current: t.tick === position,
+    mark: marked?.mark,
     action: gotoTick(t.tick),
   };
 }

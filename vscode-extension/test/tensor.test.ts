@@ -1,7 +1,7 @@
 import * as assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { loadTensor } from '../src/dap';
-import { byteSpan, decode, gather, histogram, Location, MAX_SIDE, sliceOf } from '../src/tensorData';
+import { byteSpan, decode, gather, Location, MAX_SIDE, sliceOf } from '../src/tensorData';
 import { Adapter, REPO } from './dapClient';
 
 const loc = (shape: number[], strides: number[], dtype = 'float32'): Location =>
@@ -33,10 +33,6 @@ test('leading indices are checked against the shape', () => {
 test('a 1-D tensor is one row, and a long side is clipped to the view', () => {
   const slice = sliceOf(loc([MAX_SIDE + 10], [1]), []);
   assert.deepEqual([slice.rows, slice.cols, slice.clipped], [1, MAX_SIDE, true]);
-});
-
-test('the histogram counts finite values in equal bins', () => {
-  assert.deepEqual(histogram([0, 1, 2, 3, NaN, Infinity, 4], 4), { lo: 0, hi: 4, counts: [1, 1, 1, 2] });
 });
 
 let adapter: Adapter;

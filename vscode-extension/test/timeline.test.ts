@@ -19,10 +19,10 @@ test('the window of ticks is centred on the position and starts at 0 at the begi
   assert.deepEqual(tickWindow(3), { start: 0, count: 12 });
 });
 
-test('an inference pass shows the current tick, the checkpoints and the ticks around now, and no steps', async () => {
+test('an inference pass shows the current tick, its births and divergence, the checkpoints and the ticks around now, and no steps', async () => {
   const { position, items } = await loadTimeline(adapter);
   assert.equal(position, 20);
-  assert.deepEqual(items.map((i) => i.id), ['now', 'checkpoints', 'ticks']);
+  assert.deepEqual(items.map((i) => i.id), ['now', 'births', 'divergence', 'checkpoints', 'ticks']);
   assert.match(items[0].label, /^Now: tick 20 of \d+$/);
   assert.match(items[0].description ?? '', /\(aten\.[a-z_]+\.[a-z_]+\).* · gpt\.py:\d+$/);
   const checkpoints = child(items, 'checkpoints');

@@ -23,7 +23,7 @@ test('the step of a tick is the last step starting at or before it', () => {
 
 test('a training run shows its steps and each tick its step and phase; births wait for the run to reach its end', async () => {
   const { items } = await loadTimeline(adapter);
-  assert.deepEqual(items.map((i) => i.id), ['now', 'steps', 'checkpoints', 'ticks']);
+  assert.deepEqual(items.map((i) => i.id), ['now', 'steps', 'births', 'divergence', 'checkpoints', 'ticks']);
   assert.match(items[0].label, /^Now: step 0, tick 0 of \d+$/);
   assert.match(items[0].description ?? '', /^forward · mul \(aten\.mul\.Tensor\) · session_late_nan\.py:\d+$/);
   const steps = child(items, 'steps');
@@ -46,6 +46,8 @@ test('at the end of the run, the step whose backward made a NaN is marked with w
   assert.match(steps[2].tooltip ?? '', new RegExp(`NaN born at tick \\d+: 1 in log_backward_step2, .*${bug}; reaches an output`));
   assert.match(steps[2].tooltip ?? '', /Inf born at tick \d+: 1 in log_step2, .*; absorbed downstream/);
   assert.ok(steps[2].current, 'the end belongs to the last step');
+  assert.deepEqual(child(items, 'births').map((b) => [b.description, b.mark]),
+    [['Inf in log_step2 · session_late_nan.py:' + lineOf(MODEL, '# BUG'), 'inf'], ['NaN in log_backward_step2 · session_late_nan.py:' + lineOf(MODEL, '# BUG'), 'nan']]);
 });
 
 test('clicking a step goes to its start', async () => {

@@ -89,13 +89,27 @@ test('the legend runs along the same scale, low to high', async () => {
   assert.match(await page.locator('#range').textContent() ?? '', /^-3\.000 … 4\.050$/);
 });
 
-test('the histogram has bars of the finite values', async () => {
-  const png = await shot('#histogram', 'histogram');
-  let bar = 0;
-  for (let x = 0; x < png.width; x++) {
-    bar += Number(pixel(png, x, png.height - 1).join() === '79,159,230');
+test('the histogram has axes of bin edges and counts, a bar for the NaN, and says a bar\'s interval and count on hover', async () => {
+  const chart = model.panels.values.histogram;
+  const texts = await page.locator('#histogram text').allTextContents();
+  for (const label of ['-3.00', '4.05', 'NaN', '0', '2', 'value', 'count']) {
+    assert.ok(texts.includes(label), `no '${label}' on the axes: ${texts.join(' | ')}`);
   }
-  assert.ok(bar > png.width / 2, `only ${bar} columns of bars along the bottom of the histogram`);
+  assert.equal(await page.locator('#bins').textContent(), '32 bins of width 0.220312');
+  await page.locator('#histogram .bin').first().hover();
+  assert.equal(await page.locator('#tip').textContent(), '[-3, -2.77969) · 2 values');
+  const png = await shot('#chart', 'histogram'); // kept with the tooltip showing
+  const baseline = chart.plot.y + chart.plot.height - 3; // a row just above the x axis and the bars' outlines
+  const columns = (colour: RGB) => Array.from({ length: png.width }, (_, x) => pixel(png, x, baseline))
+    .filter((p) => p.every((v, k) => Math.abs(v - colour[k]) <= 2)).length;
+  assert.ok(columns([79, 159, 230]) > chart.plot.width / 2, `only ${columns([79, 159, 230])} columns of bars on the x axis`);
+  assert.ok(columns(NAN_COLOUR) >= 10, 'the NaN bar stands right of the bins');
+  const tip = (await page.locator('#tip').boundingBox())!, box = (await page.locator('#chart').boundingBox())!;
+  assert.ok(tip.x >= box.x && tip.x + tip.width <= box.x + box.width, 'the tooltip stays inside the chart');
+  await page.locator('#histogram .bin').last().hover();
+  assert.equal(await page.locator('#tip').textContent(), 'NaN · 1 value');
+  await page.mouse.move(0, 0);
+  assert.equal(await page.locator('#tip').isHidden(), true, 'the tooltip goes when the pointer leaves the bars');
   assert.match(await page.locator('#stats').textContent() ?? '', /NaN 1 · Inf 0$/);
 });
 
@@ -107,6 +121,7 @@ test('diff mode colours run minus reference: grey where equal, red above, blue b
   assertColour(cell(png, 1, 1), colourOf(-1, model.panels.diff!.scale), 'the cell 1 below its reference');
   assert.match(await page.locator('#range').textContent() ?? '', /^run − reference: -2\.000 … 2\.000$/);
   assert.equal(await page.getByRole('button', { name: 'Diff vs reference' }).getAttribute('aria-pressed'), 'true');
+  assert.ok((await page.locator('#histogram text').allTextContents()).includes('run − reference'), 'the histogram is of the difference');
 });
 
 /** The page as VS Code hosts it: acquireVsCodeApi() is there; here it records what the page posts. */
