@@ -422,27 +422,13 @@ class Console(NumericsCommands):
         if not args:
             raise CommandError("usage: locate NAME")
         placement = self.client.request("locate", {"name": args, "frameId": self.frame + 1})
-        lines = [f"{args} ({placement['value']}): {s['dtype']}{s['shape']} in {s['space']} of {s['chip']} "
-                 f"at 0x{s['address']:x}, {s['nbytes']} bytes, strides {s['strides']}, unit {s['unit']}"
-                 for s in placement["shards"]]
-        return Result("\n".join(lines), dict(placement))
+        return Result(describe_placement(args, placement), dict(placement))
 
     def cmd_prov(self, args: str) -> Result:
         if not args:
             raise CommandError("usage: prov NAME")
         prov = self.client.request("provenance", {"name": args, "frameId": self.frame + 1, "maxHistory": 8})
-        last = prov["lastWriter"]
-        if last is None:
-            text = f"{args} ({prov['value']}): a {prov['kind']}, not written before this tick"
-        else:
-            where = f" at {Path(last['source']['file']).name}:{last['source']['line']}" if last["source"] else ""
-            who = f"{last['op']} ('{last['node']}')" if last["node"] else "a user edit"
-            text = (f"{args} ({prov['value']}) was written by {who}{where} at tick {last['tick']} "
-                    f"on {last['unit']} into {last['location']['space']} 0x{last['location']['address']:x}")
-        lineage = prov["lineage"]
-        text += (f"\n  lineage: {len(lineage['nodes'])} node(s) back to {len(lineage['roots'])} root(s): "
-                 f"{', '.join(lineage['roots'][:6])}{', …' if len(lineage['roots']) > 6 else ''}")
-        return Result(text, dict(prov))
+        return Result(describe_provenance(args, prov), dict(prov))
 
     def cmd_checkpoints(self, args: str) -> Result:
         cps = self.client.request("checkpoints")["checkpoints"]
@@ -536,6 +522,28 @@ class Console(NumericsCommands):
                 return
             except KeyboardInterrupt:  # Ctrl-C drops the line (a motion has already been paused), as in a shell
                 print(file=self.out)
+
+
+def describe_placement(name: str, placement: dict) -> str:
+    """Where a value lives, a line per shard (`locate`)."""
+    return "\n".join(f"{name} ({placement['value']}): {s['dtype']}{s['shape']} in {s['space']} of {s['chip']} "
+                     f"at 0x{s['address']:x}, {s['nbytes']} bytes, strides {s['strides']}, unit {s['unit']}"
+                     for s in placement["shards"])
+
+
+def describe_provenance(name: str, prov: dict) -> str:
+    """Who wrote a value, and its lineage (`prov`)."""
+    last = prov["lastWriter"]
+    if last is None:
+        text = f"{name} ({prov['value']}): a {prov['kind']}, not written before this tick"
+    else:
+        where = f" at {Path(last['source']['file']).name}:{last['source']['line']}" if last["source"] else ""
+        who = f"{last['op']} ('{last['node']}')" if last["node"] else "a user edit"
+        text = (f"{name} ({prov['value']}) was written by {who}{where} at tick {last['tick']} "
+                f"on {last['unit']} into {last['location']['space']} 0x{last['location']['address']:x}")
+    lineage = prov["lineage"]
+    return text + (f"\n  lineage: {len(lineage['nodes'])} node(s) back to {len(lineage['roots'])} root(s): "
+                   f"{', '.join(lineage['roots'][:6])}{', …' if len(lineage['roots']) > 6 else ''}")
 
 
 def _mode_of(where: str) -> tuple[str, str | None]:

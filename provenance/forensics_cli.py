@@ -1,9 +1,10 @@
-"""`rewind forensics model.py [--entry train_step --steps N] [--reference torch:cpu:float64] [--json]`: one-shot
-numerical forensics.
+"""`rewind forensics model.py [--entry train_step --steps N] [--reference torch:cpu:float64] [--json]
+[--html report.html]`: one-shot numerical forensics.
 
 Runs the model, localizes and classifies what went wrong, searches for a precision fix, and
-prints a report (or JSON for agents). Exit status: 0 when the pass is clean, 1 when a problem
-is found, 2 when the model or the options cannot be used.
+prints a report (or JSON for agents); `--html` also writes it as one self-contained page to send
+(provenance/report_html.py). Exit status: 0 when the pass is clean, 1 when a problem
+is found, 2 when the model, the options or a file to write cannot be used.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from provenance.ablation import DEFAULT_MAX_TRIALS
 from hardware.jsonable import json_safe
 from provenance.investigation import investigate, render
 from provenance.reference import DEFAULT_REFERENCE, save_values
+from provenance import report_html
 
 EXIT_CLEAN, EXIT_PROBLEM, EXIT_ERROR = 0, 1, 2
 
@@ -30,7 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-ablate", action="store_true", help="skip the search for a precision fix")
     parser.add_argument("--max-trials", type=int, default=DEFAULT_MAX_TRIALS, help="ablation trials at most")
     parser.add_argument("--save-reference", metavar="PATH", help="also save the reference's values to PATH")
-    parser.add_argument("--overwrite", action="store_true", help="with --save-reference: replace an existing PATH")
+    parser.add_argument("--html", metavar="PATH", help="also write the report to PATH as one self-contained HTML page "
+                        "(the chart and the sortable per-node table inline, nothing fetched)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing file at --save-reference or --html PATH")
 
 
 def add_pass_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,14 +70,18 @@ def absolute(path: str) -> str:
 def run(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)
     try:
-        if args.save_reference:
-            check_target(args.save_reference, args.overwrite)  # refused before the run, not after
+        for target in (args.save_reference, args.html):  # refused before the run, not after
+            if target:
+                check_target(target, args.overwrite, report_html.model_files(absolute(args.model), {}))
         session = launch(args)
         found = investigate(session, ablate=not args.no_ablate, max_trials=args.max_trials)
         if args.save_reference:
             save_values(session.forensics.reference, args.save_reference, args.overwrite)
-    except TargetExists:
-        print(f"rewind forensics: {args.save_reference} exists and is kept; --overwrite replaces it", file=sys.stderr)
+        if args.html:
+            report_html.write(args.html, report_html.gather(session, found), args.overwrite,
+                              report_html.model_files(absolute(args.model), session.program.source_files))
+    except TargetExists as exc:
+        print(f"rewind forensics: {exc.path} exists and is kept; --overwrite replaces it", file=sys.stderr)
         return EXIT_ERROR
     except RewindError as exc:
         print(f"rewind forensics: {exc}", file=sys.stderr)

@@ -23,7 +23,7 @@ import pytest
 from tests.dap.wire import SPEC as SCHEMA_PATH
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("hardware", "checkpoint", "provenance", "dap_server", "examples")
+PACKAGES = ("hardware", "checkpoint", "provenance", "dap_server", "examples", "rewind")
 
 # Lowest first. A module's floor is the one of the longest prefix naming it.
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
@@ -35,7 +35,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("analyses", ("provenance",)),  # forensics, experiments, repair, knowledge: handed a Session
     ("session", ("hardware.session",)),  # the Session and its collaborators
     ("surfaces", ("dap_server", "provenance.lsp", "provenance.forensics_cli", "provenance.repair_cli",
-                  "provenance.validate_cli")),
+                  "provenance.validate_cli", "provenance.charts", "provenance.report_html")),
+    ("facade", ("rewind",)),  # `import rewind`: the Python API for scripts and notebooks, over the surfaces
 ]
 # Which floors each floor may import (besides itself).
 MAY_IMPORT: dict[str, set[str]] = {
@@ -47,6 +48,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "analyses": {"ground", "drivers", "records", "time"},
     "session": {"ground", "drivers", "records", "time", "analyses"},
     "surfaces": {"ground", "drivers", "records", "time", "analyses", "session", "programs"},
+    "facade": {"ground", "drivers", "records", "time", "analyses", "session", "programs", "surfaces"},
 }
 DRIVER_REGISTRY = "hardware.drivers"  # the one module of the drivers floor that names every driver
 DEFERRED_NOTE = re.compile(r"#\s*deferred\b")
