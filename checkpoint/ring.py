@@ -49,6 +49,10 @@ class Ring:
     _refs: dict[Hashable, int] = field(default_factory=dict)  # allocation -> retained versions using it
     _sizes: dict[Hashable, int] = field(default_factory=dict)
     checkpoints: dict[Tick, Checkpoint] = field(default_factory=dict)
+    _victims: list[VersionKey] = field(default_factory=list)  # eviction candidates, nearest first (_victims_at)
+    _victims_key: tuple | None = None  # the position and checkpoints they were sorted for
+    _pinned: set[VersionKey] = field(default_factory=set)  # the pins then
+    _fresh: list[VersionKey] = field(default_factory=list)  # versions retained since they were sorted
     used: int = 0
     peak: int = 0
     evictions: int = 0
@@ -90,6 +94,10 @@ class Ring:
             tensor = self.pool.adopt(tensor)  # the Program's own memory is never copied
             storage, nbytes = self.pool.storage_of(tensor)
         self._slots[key] = _Slot(tensor, storage, nbytes)
+        if self._victims_key is not None:
+            self._fresh.append(key)
+            if len(self._fresh) > len(self._slots):  # no eviction for long: sort everything when one comes
+                self._victims_key, self._fresh = None, []
         if storage not in self.free_storages:
             if not self._refs.get(storage):
                 self.used += nbytes
@@ -125,28 +133,40 @@ class Ring:
 
     def _make_room(self, need: int, protect: Callable[[VersionKey], bool], distance: Callable[[VersionKey], tuple[int, int]],
                    position: Tick, incoming: VersionKey) -> bool:
-        """Evict the versions farthest from `position` until `need` fits with some slack below the budget, in one
-        pass over the candidates sorted once: evicting one at a time, each after a scan of every retained version,
-        is quadratic in a long run's thousands of small versions (a training run's optimizer state)."""
+        """Evict the versions farthest from `position` until `need` fits with some slack below the budget. The
+        candidates are sorted once and kept while the position and the checkpoints stay as they were (a chain of
+        recomputations at one position puts version after version): evicting one at a time, each after a scan of
+        every retained version, is quadratic in a long run's thousands of small versions."""
         if need > self.budget:
             return False
         slack = self.budget // EVICTION_SLACK
         while not self._room(need):
-            pinned = self.pinned()
-            candidates = [k for k in self._slots if k not in pinned and not protect(k) and k != incoming]
-            if not candidates:
-                if not self._thin(position):
-                    return False
-                continue
-            candidates.sort(key=distance, reverse=True)
-            for victim in candidates:
-                if self._room(need) and self.used + need + slack <= self.budget:
-                    break
+            victims = self._victims_at(position, distance)
+            while victims and not (self._room(need) and self.used + need + slack <= self.budget):
+                victim = victims.pop()
+                if victim not in self._slots or protect(victim) or victim == incoming:
+                    continue  # gone since the candidates were sorted, or held by the step under way
                 if self.spill is not None:
                     self.spill(victim, self._slots[victim].tensor)
                 self.drop(victim)
                 self.evictions += 1
+            if not self._room(need) and not victims and not self._thin(position):
+                return False
         return True
+
+    def _victims_at(self, position: Tick, distance: Callable[[VersionKey], tuple[int, int]]) -> list[VersionKey]:
+        """The unpinned retained versions, nearest first (the farthest is popped first), for this position and
+        these checkpoints: sorted again only when either changed; once all were taken, the versions retained since
+        (a recomputation's, near the position) are sorted alone."""
+        key = (position, frozenset((t, cp.thinned, id(cp.pins)) for t, cp in self.checkpoints.items()))
+        if self._victims_key != key:
+            self._pinned = self.pinned()
+            self._victims = sorted((k for k in self._slots if k not in self._pinned), key=distance)
+            self._victims_key, self._fresh = key, []
+        elif not self._victims and self._fresh:
+            self._victims = sorted((k for k in self._fresh if k in self._slots and k not in self._pinned), key=distance)
+            self._fresh = []
+        return self._victims
 
     def _room(self, need: int) -> bool:
         """Can `need` more bytes be retained (in one free range of the pool, when there is one)?"""

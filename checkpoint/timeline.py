@@ -23,10 +23,9 @@ from checkpoint.steps import Edit, Step, edit_frame
 from checkpoint.tiers import HostTier
 from checkpoint.trace import TraceWriter
 from checkpoint.versions import INITIAL, Archive, CheckpointInfo, Lookup, Tier, VersionStore
-from hardware.driver import Driver, WriteStats, cast, forget, locate_value, mark, seconds_between
+from hardware.driver import Driver, WriteStats, cast, forget, mark, seconds_between, write_extent
 from hardware.driver import check_batch as driver_check_batch
 from hardware.errors import RewindError
-from hardware.memory import Location
 from hardware.program import Node, Program
 from hardware.stats_batch import WriteChecks
 from hardware.ticks import Tick
@@ -298,7 +297,7 @@ class Timeline:
                 if buf is not None:
                     memory = store.write_buffer(buf, tick, tensor)
                     row = self._log_write(tick, unit, node.index, buf, KIND_BUFFER,
-                                          locate_value(self.driver, buf, memory, unit), tensor)
+                                          write_extent(self.driver, buf, memory, unit), tensor)
                     if self.recorder is not None:
                         self.recorder.write(self.log.row(row))
             store.read_last(node, tick)
@@ -310,20 +309,21 @@ class Timeline:
             store.release()
 
     def _record(self, tick: Tick, node: int | None, name: str, kind: int, tensor: Any, unit: str) -> None:
-        row = self._log_write(tick, unit, node, name, kind, locate_value(self.driver, name, tensor, unit), tensor)
+        row = self._log_write(tick, unit, node, name, kind, write_extent(self.driver, name, tensor, unit), tensor)
         self.store.written(name, tick, tensor)
         if self.recorder is not None:
             self.recorder.write(self.log.row(row))
             if kind != KIND_VIEW:  # a view is recomputed from what it views, without the device
                 self.recorder.version(name, tick, tensor)
 
-    def _log_write(self, tick: Tick, unit: str, node: int | None, name: str, kind: int, location: Location,
-                   tensor: Any) -> int:
-        """Log one write with its checks; batched, they run on the device and fill the row when their batch lands."""
+    def _log_write(self, tick: Tick, unit: str, node: int | None, name: str, kind: int,
+                   extent: tuple[str, int, int], tensor: Any) -> int:
+        """Log one write (its memory space, address and bytes) with its checks; batched, they run on the device and
+        fill the row when their batch lands."""
         if kind == KIND_VIEW or self.checks is None:
             stats = WriteStats.empty() if kind == KIND_VIEW else self.driver.inspect(tensor)
-            return self.log.append(tick, unit, node, name, kind, location, stats)
-        row = self.log.append(tick, unit, node, name, kind, location, None)
+            return self.log.add(tick, unit, node, name, kind, *extent, stats)
+        row = self.log.add(tick, unit, node, name, kind, *extent, None)
         self.checks.add(row, tick, tensor)
         return row
 

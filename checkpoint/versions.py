@@ -321,7 +321,7 @@ class VersionStore:
 
     def sync_buffers(self, position: Tick) -> None:
         """Make each mutated buffer's physical memory hold its version at `position`."""
-        if not self.physical:
+        if not self.physical or position == self._synced:
             return
         for buf in self._buffers_to_sync(position):
             want = self.version_at(buf, position)
@@ -337,6 +337,10 @@ class VersionStore:
         if last is None or abs(position - last) > 4 * len(self.physical):
             return list(self.physical)
         lo, hi = (last, position) if last <= position else (position, last)
+        if hi - lo == 1:  # a step forward or back: the buffers of its one step
+            step = self.owner.schedule[lo]
+            if step.node is not None:
+                return self._node_buffers[step.node]
         touched: dict[str, None] = {}
         for step in self.owner.schedule[lo:hi]:
             if step.node is not None:

@@ -169,6 +169,14 @@ class PlacesValues(Protocol):
 
 
 @runtime_checkable
+class Extents(Protocol):
+    """A chip that says cheaply where a tensor's bytes are, without a whole Location."""
+
+    def extent(self, tensor: Any) -> tuple[str, int, int]:
+        """(memory space, address, bytes) of a tensor: all the write log keeps of each write's Location."""
+
+
+@runtime_checkable
 class AllocatorInfo(Protocol):
     """A chip whose memory a caching allocator hands out (a GPU)."""
 
@@ -252,8 +260,8 @@ class Forgets(Protocol):
 
 
 # -- using a capability, or what a chip without it means -----------------------------------------------
-CAPABILITIES: tuple[type, ...] = (HostValues, Precision, PlacesValues, AllocatorInfo, Timing, BatchedChecks,
-                                  PoolsCheckpoints, Forgets, InstructionDriver)
+CAPABILITIES: tuple[type, ...] = (HostValues, Precision, PlacesValues, Extents, AllocatorInfo, Timing,
+                                  BatchedChecks, PoolsCheckpoints, Forgets, InstructionDriver)
 _found: "weakref.WeakKeyDictionary[Driver, frozenset[type]]" = weakref.WeakKeyDictionary()
 
 
@@ -298,6 +306,15 @@ def locate_value(driver: Driver, name: str, tensor: Any, unit: str | None = None
     if PlacesValues in capabilities(driver):
         return driver.locate_value(name, tensor, unit)
     return driver.locate(tensor, unit)
+
+
+def write_extent(driver: Driver, name: str, tensor: Any, unit: str | None = None) -> tuple[str, int, int]:
+    """(memory space, address, bytes) of the write of `name` held by `tensor`: what the write log keeps."""
+    found = capabilities(driver)
+    if Extents in found and PlacesValues not in found:
+        return driver.extent(tensor)
+    loc = locate_value(driver, name, tensor, unit)
+    return loc.space, loc.address, loc.nbytes
 
 
 def allocator_info(driver: Driver, address: int) -> dict[str, Any]:

@@ -103,6 +103,11 @@ def locate(tensor: torch.Tensor, unit: str) -> Location:
                     shape=tuple(tensor.shape), strides=tuple(tensor.stride()), extra=extra)
 
 
+def extent(tensor: torch.Tensor) -> tuple[str, int, int]:
+    """`locate`'s space, address and bytes alone (the write log's, for every write)."""
+    return "HBM" if tensor.is_cuda else "host", tensor.data_ptr(), _extent_bytes(tensor)
+
+
 def storage(tensor: torch.Tensor) -> tuple[int, int]:
     """The allocation behind a tensor (views share their base's) and its bytes."""
     untyped = tensor.untyped_storage()

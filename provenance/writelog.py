@@ -22,11 +22,13 @@ VIEW_REASON = "a view (a reshape, a transpose, a slice) writes no memory of its 
 NO_SOURCE = "torch.export recorded no source line for this node"
 EDIT_REASON = "a user edit wrote it, not a node of the program"
 
+_STATS = ("digest", "nan", "inf", "min", "max", "mean")  # the columns a write's checks fill, last in a row
 _COLUMNS = [
     ("tick", np.int64), ("unit", np.int32), ("node", np.int32), ("value", np.int32), ("kind", np.int8),
     ("space", np.int16), ("address", np.uint64), ("nbytes", np.int64), ("digest", np.int64),
     ("nan", np.int64), ("inf", np.int64), ("min", np.float64), ("max", np.float64), ("mean", np.float64),
 ]
+_STATS_AT = [name for name, _ in _COLUMNS].index(_STATS[0])
 
 
 @dataclass(frozen=True)
@@ -84,38 +86,54 @@ class WriteLog:
     def __init__(self, program: Program, chip: str, capacity: int = 1024):
         self.program = program
         self.chip = chip
-        self._n = 0
+        self._n = 0  # rows in the columns
         self._cols = {name: np.zeros(capacity, dtype=dt) for name, dt in _COLUMNS}
+        # Rows appended since the last query, in column order: a write is logged as a Python list and the columns
+        # take them in bulk when next read (a dozen numpy element stores a write cost more than the row itself).
+        self._staged: list[list] = []
         self._units, self._values, self._spaces = _Interned(), _Interned(), _Interned()
         self.pending = None  # hardware.stats_batch.WriteChecks: rows whose stats are still on the device
 
     def __len__(self) -> int:
-        return self._n
+        return self._n + len(self._staged)
 
     @property
     def nbytes(self) -> int:
+        self._flush()
         return sum(c.nbytes for c in self._cols.values())
 
     def append(self, tick: int, unit: str, node: int | None, value: str, kind: int,
                location: Location, stats: WriteStats | None) -> int:
         """Log one write; `stats` None: its checks are still on the device and `fill` brings them."""
+        return self.add(tick, unit, node, value, kind, location.space, location.address, location.nbytes, stats)
+
+    def add(self, tick: int, unit: str, node: int | None, value: str, kind: int, space: str, address: int,
+            nbytes: int, stats: WriteStats | None) -> int:
+        """`append` with the write's memory space, address and bytes (all the log keeps of its Location)."""
         stats = WriteStats.empty() if stats is None else stats
-        self._reserve(1)
-        i = self._n
-        row = {
-            "tick": tick, "unit": self._units.id(unit), "node": -1 if node is None else node,
-            "value": self._values.id(value), "kind": kind, "space": self._spaces.id(location.space),
-            "address": location.address, "nbytes": location.nbytes, "digest": stats.digest,
-            "nan": stats.nan, "inf": stats.inf, "min": stats.min, "max": stats.max, "mean": stats.mean,
-        }
-        for name, v in row.items():
-            self._cols[name][i] = v
-        self._n += 1
-        return i
+        self._staged.append([tick, self._units.id(unit), -1 if node is None else node, self._values.id(value), kind,
+                             self._spaces.id(space), address, nbytes, stats.digest, stats.nan, stats.inf, stats.min,
+                             stats.max, stats.mean])
+        return self._n + len(self._staged) - 1
+
+    def _flush(self) -> None:
+        """Move the staged rows into the columns."""
+        staged = self._staged
+        if not staged:
+            return
+        self._reserve(len(staged))
+        end = self._n + len(staged)
+        for j, col in enumerate(self._cols.values()):
+            col[self._n: end] = [row[j] for row in staged]
+        self._n = end
+        staged.clear()
 
     def fill(self, i: int, stats: WriteStats) -> None:
         """The stats of row i, come back from the device."""
-        for name in ("digest", "nan", "inf", "min", "max", "mean"):
+        if i >= self._n:
+            self._staged[i - self._n][_STATS_AT:] = [getattr(stats, name) for name in _STATS]
+            return
+        for name in _STATS:
             self._cols[name][i] = getattr(stats, name)
 
     def _settle(self, row: int | None = None) -> None:
@@ -126,6 +144,7 @@ class WriteLog:
     def row(self, i: int) -> list:
         """Record i as a plain list (for trace files); `append_row` takes it back."""
         self._settle(i)
+        self._flush()
         c = {name: col[i].item() for name, col in self._cols.items()}
         return [c["tick"], self._units.items[c["unit"]], c["node"], self._values.items[c["value"]], c["kind"],
                 self._spaces.items[c["space"]], c["address"], c["nbytes"], c["digest"], c["nan"], c["inf"],
@@ -133,12 +152,13 @@ class WriteLog:
 
     def append_row(self, row: list) -> int:
         tick, unit, node, value, kind, space, address, nbytes, digest, nan, inf, lo, hi, mean = row
-        return self.append(int(tick), str(unit), None if node < 0 else int(node), str(value), int(kind),
-                           Location(self.chip, str(unit), str(space), int(address), int(nbytes)),
-                           WriteStats(int(digest), int(nan), int(inf), float(lo), float(hi), float(mean)))
+        return self.add(int(tick), str(unit), None if node < 0 else int(node), str(value), int(kind), str(space),
+                        int(address), int(nbytes),
+                        WriteStats(int(digest), int(nan), int(inf), float(lo), float(hi), float(mean)))
 
     def truncate(self, tick: int) -> None:
         """Forget every record at or after `tick` (the future of a rewritten history)."""
+        self._flush()
         self._n = self._first_at(tick)
         if self.pending is not None:
             self.pending.forget_from(self._n)
@@ -146,6 +166,7 @@ class WriteLog:
     def tail(self, tick: int) -> dict[str, np.ndarray]:
         """A copy of the records at or after `tick` (a branch sets its original future aside)."""
         self._settle()
+        self._flush()
         keep = self._first_at(tick)
         return {name: col[keep: self._n].copy() for name, col in self._cols.items()}
 
@@ -155,6 +176,7 @@ class WriteLog:
     def extend(self, tail: dict[str, np.ndarray]) -> None:
         """Append records taken by `tail` (the log must end before their first tick)."""
         count = len(tail["tick"])
+        self._flush()
         self._reserve(count)
         for name, col in self._cols.items():
             col[self._n: self._n + count] = tail[name]
@@ -166,10 +188,12 @@ class WriteLog:
                 self._cols[name] = np.concatenate([col, np.zeros_like(col)])
 
     def _col(self, name: str) -> np.ndarray:
+        self._flush()
         return self._cols[name][: self._n]
 
     def record(self, i: int) -> WriteRecord:
         self._settle(i)
+        self._flush()
         c = {name: col[i] for name, col in self._cols.items()}
         node_idx = int(c["node"])
         node = self.program.nodes[node_idx] if node_idx >= 0 else None
@@ -204,6 +228,7 @@ class WriteLog:
     def last_writer(self, value: str | None = None, address: int | None = None,
                     before: int | None = None) -> WriteRecord | None:
         """The latest write of a value, or of any byte at `address`, before tick `before`."""
+        self._flush()
         n = self._n
         mask = np.ones(n, dtype=bool)
         if value is not None:
@@ -221,7 +246,7 @@ class WriteLog:
 
     def first_nonfinite(self, after: int = -1, nan: bool = True, inf: bool = True) -> WriteRecord | None:
         self._settle()
-        mask = self._col("tick") > after
+        mask = self._col("tick") > after  # (the staged rows flushed)
         bad = np.zeros(self._n, dtype=bool)
         if nan:
             bad |= self._col("nan") > 0
@@ -235,4 +260,5 @@ class WriteLog:
         return {r.value: r.digest for r in self.at_tick(tick) if r.kind != KIND_NAMES[KIND_VIEW]}
 
     def __iter__(self) -> Iterator[WriteRecord]:
+        self._flush()
         return (self.record(i) for i in range(self._n))
