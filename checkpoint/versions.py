@@ -161,22 +161,30 @@ class VersionStore:
         at_frontier = self.frontier_values.get(key)
         if at_frontier is not None:  # most reads while running: what the producer returned, still referenced
             return at_frontier
-        stack = [key]
+        return self.value_versions([key])[0]
+
+    def value_versions(self, keys: list[VersionKey]) -> list[Any]:
+        """Several versions at once: what recomputing one needs is kept for the others until all are made (the
+        parameters and optimizer state of a step, recomputed from one earlier checkpoint, share its whole chain)."""
         try:
-            while stack:
-                k = stack[-1]
-                if self._available(k):
-                    stack.pop()
-                    continue
-                missing = [d for d in self._deps(k) if not self._available(d)]
-                if missing:
-                    stack.extend(missing)
-                    continue
-                self._recompute(k)
-                stack.pop()
-            return self.get(key)
+            return [self._materialize(key) for key in keys]
         finally:
             self._scratch.clear()
+
+    def _materialize(self, key: VersionKey) -> Any:
+        stack = [key]
+        while stack:
+            k = stack[-1]
+            if self._available(k):
+                stack.pop()
+                continue
+            missing = [d for d in self._deps(k) if not self._available(d)]
+            if missing:
+                stack.extend(missing)
+                continue
+            self._recompute(k)
+            stack.pop()
+        return self.get(key)
 
     def _available(self, key: VersionKey) -> bool:
         if self._held(key):
@@ -323,11 +331,11 @@ class VersionStore:
         """Make each mutated buffer's physical memory hold its version at `position`."""
         if not self.physical or position == self._synced:
             return
-        for buf in self._buffers_to_sync(position):
-            want = self.version_at(buf, position)
-            if want != self._physical_version[buf]:
-                self.driver.copy_into(self.physical[buf], self.value_version(buf, want))
-                self._physical_version[buf] = want
+        stale = [(buf, want) for buf in self._buffers_to_sync(position)
+                 if (want := self.version_at(buf, position)) != self._physical_version[buf]]
+        for (buf, want), tensor in zip(stale, self.value_versions(stale)):
+            self.driver.copy_into(self.physical[buf], tensor)
+            self._physical_version[buf] = want
         self._synced = position
 
     def _buffers_to_sync(self, position: Tick) -> Iterable[str]:
