@@ -119,7 +119,7 @@ class Console(NumericsCommands):
                                        "stopOnEntry": True})
         self.client.wait_for("initialized")
         self.client.request("configurationDone")
-        self._emit(f"launch {target.get('program') or target.get('trace')}", self._stopped(mark))
+        self._emit(f"launch {target.get('program') or target.get('trace')}", self._stopped(mark), mark=mark)
 
     def execute(self, line: str) -> bool:
         """Run one command line; False when the console should quit."""

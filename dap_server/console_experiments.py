@@ -8,12 +8,11 @@ import argparse
 import ast
 import re
 from pathlib import Path
+from types import ModuleType
 from typing import Callable
 
 from dap_server.client import DapClient
 from dap_server.console_result import Command, CommandError, Result, table
-from provenance.experiments import ORIGINAL
-from provenance.repair_cli import add_loop_arguments, describe_finding, render
 
 RUN_S = 3600.0  # installing or measuring a branch runs part of the pass (minutes on a large model): only a hang fails
 REPAIR_MARGIN_S = 60.0  # the repair loop stops itself at its time limit
@@ -73,14 +72,14 @@ class ExperimentCommands:
 
     def cmd_branch(self, args: str) -> Result:
         if len(args.split()) != 1:
-            raise CommandError(f"usage: branch NAME (see: patches; '{ORIGINAL}' or undo: the recorded pass)")
+            raise CommandError(f"usage: branch NAME (see: patches; '{_original()}' or undo: the recorded pass)")
         body = self._request("restoreBranch", {"branch": args.strip()})
         return Result(f"installed branch '{body['active']}'\n{describe_listing(body)}", body)
 
     def cmd_undo(self, args: str) -> Result:
         _no_arguments("undo", args)
-        body = self._request("restoreBranch", {"branch": ORIGINAL})
-        return Result(f"the recorded pass is back ({ORIGINAL} installed)\n{describe_listing(body)}", body)
+        body = self._request("restoreBranch", {"branch": _original()})
+        return Result(f"the recorded pass is back ({_original()} installed)\n{describe_listing(body)}", body)
 
     def cmd_measure(self, args: str) -> Result:
         words = args.split()
@@ -97,13 +96,13 @@ class ExperimentCommands:
         return Result(describe_comparison(body), body)
 
     def cmd_repair(self, args: str) -> Result:
-        a = _REPAIR.parse(args)
+        a = _Arguments("repair", _repair_cli().add_loop_arguments).parse(args)
         fixes = [{"text": _read(f), "name": Path(f).name} for f in a.fix]
         body = self._request("repair", {
             "fixes": fixes, "suggest": a.suggest or not fixes, "maxAttempts": a.max_attempts,
             "timeLimit": a.time_limit, "seeds": a.seeds, "scales": list(a.scales), "shapes": a.shapes,
             **({"knowledge": a.knowledge} if a.knowledge else {})}, timeout=a.time_limit + REPAIR_MARGIN_S)
-        return Result(render(body), body)
+        return Result(_repair_cli().render(body), body)
 
     def cmd_suggest(self, args: str) -> Result:
         a = _SUGGEST.parse(args)
@@ -227,15 +226,33 @@ def _suggest_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--knowledge", metavar="PATH", help="the knowledge base file (default: in the user's cache)")
 
 
-_REPAIR = _Arguments("repair", add_loop_arguments)
 _SUGGEST = _Arguments("suggest", _suggest_arguments)
 
 
 # -- reports ----------------------------------------------------------------------------------------------
 
+# provenance's words for what the server sends back, imported when first shown: provenance runs models, so it imports
+# torch (seconds), which this client of the server otherwise never needs.
+
+def _original() -> str:
+    """The name of the recorded pass among the branches."""
+    from provenance.experiments import ORIGINAL  # deferred: provenance imports torch (see above)
+    return ORIGINAL
+
+
+def _repair_cli() -> ModuleType:
+    from provenance import repair_cli  # deferred: provenance imports torch (see above)
+    return repair_cli
+
+
+def describe_finding(finding: dict) -> str:
+    return _repair_cli().describe_finding(finding)
+
+
 def describe_listing(listing: dict) -> str:
     """The branches and their patches, `*` marking the installed one."""
-    lines = [f"{'*' if listing['active'] == ORIGINAL else ' '} {ORIGINAL} (the recorded pass)"]
+    original = _original()
+    lines = [f"{'*' if listing['active'] == original else ' '} {original} (the recorded pass)"]
     for branch in listing["branches"]:
         mark = "*" if branch["name"] == listing["active"] else " "
         lines.append(f"{mark} {branch['name']}, patched from tick {branch['tick']}")
@@ -284,11 +301,11 @@ def _difference(row: dict) -> str:
 def describe_comparison(c: dict) -> str:
     names = c["branches"]
     lines = ["outputs against the reference (errors in units of tolerance):"]
-    lines += table(["output", ORIGINAL, *names],
+    lines += table(["output", _original(), *names],
                    [[o["value"], comparison_text(o["original"]), *(comparison_text(o["branches"][b]["reference"])
                                                                 for b in names)] for o in c["outputs"]])
     lines.append("nodes against the reference (* the branch patches it):")
-    lines += table(["tick", "node", "op", ORIGINAL, *names],
+    lines += table(["tick", "node", "op", _original(), *names],
                    [[str(n["tick"]), n["node"], n["op"], ratio_text(n["original"]["error"]),
                      *(_branch_error(n["branches"].get(b)) for b in names)] for n in c["nodes"]])
     lines.append("time from the patch point: " + ", ".join(f"{b} {_time(c['seconds'][b])}" for b in names))

@@ -10,9 +10,8 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from dap_server.console_experiments import ExperimentCommands, comparison_text, ratio_text
+from dap_server.console_experiments import ExperimentCommands, comparison_text, describe_finding, ratio_text
 from dap_server.console_result import Command, CommandError, Result, table
-from provenance.repair_cli import describe_finding
 
 COMPARE = "compare [--from T] [--count N] | compare BRANCH [BRANCH ...]"
 ABLATE = "ablate NODE [NODE ...] [--dtype D] | ablate --search [--dtype D] [--max-trials N]"

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 from pathlib import Path
 
 import pytest
 
+from hardware.frontends.cache_folder import CACHE_DIR_ENV, CAP_ENV, NO_CACHE_ENV
 from hardware.frontends.torch_export import load_program
 from hardware.session import LaunchOptions, Session
 
@@ -16,6 +18,18 @@ EXAMPLES = ROOT / "examples"
 MODELS = Path(__file__).resolve().parent / "models"
 
 warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def program_cache(tmp_path_factory):
+    """The suite launches with the program cache on (a model's second launch loads its cached program, as a user's
+    does), kept in one temporary folder: nothing is written beside the repository's models. What the environment
+    of the person running the tests says about the cache does not count. Processes the tests start inherit it."""
+    saved = {k: os.environ.pop(k) for k in (CACHE_DIR_ENV, CAP_ENV, NO_CACHE_ENV) if k in os.environ}
+    os.environ[CACHE_DIR_ENV] = str(tmp_path_factory.mktemp("program-cache"))
+    yield
+    del os.environ[CACHE_DIR_ENV]
+    os.environ.update(saved)
 
 
 @functools.lru_cache(maxsize=None)

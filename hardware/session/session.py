@@ -29,7 +29,7 @@ from hardware.drivers import open_driver, trace_driver
 from hardware.errors import RewindError
 from hardware.events import (ExceptionDetails, Nondeterminism, Output, ProgressAfter, RecordingStarted,
                              SessionEvent)
-from hardware.frontends.torch_train import load_program
+from hardware.frontends.program_cache import load_program
 from hardware.memory import Placement
 from hardware.program import Node, Program
 from hardware.session.breakpoints import (MODES, Breakpoint, BreakpointTable, DataSpec, FunctionSpec, LineSpec,
@@ -105,7 +105,8 @@ class Session:
         if options.breakpoint_mode not in MODES:
             raise RewindError(bad_mode(options.breakpoint_mode) + " (the launch's breakpoint mode)")
         if not options.trace:  # what can fail on the user's side fails before the loaded program is let go
-            program = program or load_program(options.program, options.entry, options.steps)
+            program = program or load_program(options.program, options.entry, options.steps, options.driver,
+                                              note=lambda text: self.on_event(Output(text + "\n")))
             driver = open_driver(options.driver, options.driver_options())
         self.close()  # a relaunch (restart with new arguments) finishes the previous run's recording
         try:

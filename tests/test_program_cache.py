@@ -1,0 +1,422 @@
+"""The program cache (hardware/frontends/program_cache.py, docs/cache.md): a model's second load is its cached
+program, equal to a fresh export; any keyed input changed is another entry, never the stale one; a damaged or
+crafted entry is discarded with a note and the program exported again, and nothing in it runs; `rewind cache`
+lists and clears; the folder keeps to its cap. Each test has its own copy of a small project (a model file, a
+helper it imports, a package the helper imports, a module found through a folder the model file puts on
+sys.path), so edits and entries stay its own."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from dap_server import cli
+from hardware.errors import RewindError
+from hardware.events import Output
+from hardware.frontends import program_cache, torch_export
+from hardware.frontends.cache_folder import CACHE_DIR_ENV, CAP_ENV, NO_CACHE_ENV, CacheFolder
+from hardware.session import LaunchOptions, Session
+from tests.conftest import EXAMPLES, MODELS
+
+PROJECT = {
+    "model.py": '''
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from layers import Block
+
+sys.path.insert(0, str(Path(__file__).parent / "vendor"))
+from scaling import scaled  # found in the folder the file put on sys.path
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = Block(4)
+        self.head = nn.Linear(4, 4, bias=False)
+        self.head.weight = self.block.lin.weight  # tied
+        self.register_buffer("steps", torch.zeros(1))
+        self.register_buffer("mask", torch.ones(4), persistent=False)
+        self.offset = torch.arange(4.0)  # a plain tensor attribute: export lifts it as a constant
+
+    def forward(self, x, scale: bool = True):
+        self.steps.add_(1)
+        y = self.block(x) * self.mask * ((x > -9) & (x < 9)) + self.offset + torch.tensor([0.5])  # aten.__and__
+        return scaled(self.head(y)) if scale else y
+
+
+def build():
+    torch.manual_seed(0)
+    return Model(), {"x": torch.randn(2, 4), "scale": True}
+
+
+def build_block():
+    torch.manual_seed(0)
+    return Block(4), (torch.randn(2, 4),)
+''',
+    "layers.py": '''
+import torch
+from torch import nn
+
+from parts.act import activation
+
+
+class Block(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.lin = nn.Linear(width, width)
+        self.register_buffer("gain", torch.full((width,), 2.0))
+
+    def forward(self, x):
+        return activation(self.lin(x)) * self.gain
+''',
+    "vendor/scaling.py": '''
+def scaled(x):
+    return x * 2
+''',
+    "parts/__init__.py": "",
+    "parts/act.py": '''
+import torch
+
+
+def activation(x):
+    return torch.relu(x)
+''',
+}
+TRAINING = MODELS / "training" / "mlp_sgd.py"
+
+
+def write_project(folder: Path) -> Path:
+    for name, text in PROJECT.items():
+        (folder / name).parent.mkdir(exist_ok=True)
+        (folder / name).write_text(text.lstrip())
+    return folder / "model.py"
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch) -> Path:
+    """A fresh copy of the project, with its cache beside it (as a user's is: no $REWIND_CACHE_DIR)."""
+    monkeypatch.delenv(CACHE_DIR_ENV)
+    return write_project(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def cached(tmp_path_factory):
+    """One copy of the project for the tests that only damage its entry: the model, its program, and the good
+    entry's bytes (each such test leaves a good entry again)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv(CACHE_DIR_ENV)
+        model = write_project(tmp_path_factory.mktemp("cached"))
+        program = program_cache.load_program(str(model))
+        [entry] = entries(model)
+    return model, program, entry.path.read_bytes()
+
+
+def entries(model: Path) -> list:
+    return CacheFolder.beside(model).entries()
+
+
+def ops(program) -> set[str]:
+    return {n.op for n in program.nodes}
+
+
+def assert_same_program(cached, fresh) -> None:
+    """Everything a Program carries: nodes (names, ops, arguments, source lines and frames, module paths), values,
+    outputs, buffer writes, sources, and the initial tensors."""
+    assert cached.name == fresh.name and cached.nodes == fresh.nodes
+    assert [n.loc for n in cached.nodes] == [n.loc for n in fresh.nodes] and any(n.module_stack for n in fresh.nodes)
+    assert cached.values == fresh.values and cached.outputs == fresh.outputs
+    assert cached.buffer_mutations == fresh.buffer_mutations and cached.source_files == fresh.source_files
+    assert cached.initial.keys() == fresh.initial.keys()
+    assert all(torch.equal(cached.initial[k], fresh.initial[k]) for k in fresh.initial)
+
+
+def test_a_second_load_is_the_cached_program_and_equals_a_fresh_export(project, monkeypatch):
+    fresh = torch_export.load_program(project)
+    exports = []
+    real = torch_export.export
+    monkeypatch.setattr(torch_export, "export", lambda *a: exports.append(a) or real(*a))
+    first = program_cache.load_program(str(project))
+    second = program_cache.load_program(str(project))
+    assert len(exports) == 1, "the second load exported again"
+    assert_same_program(first, fresh)
+    assert_same_program(second, fresh)
+    assert {"b_steps", "b_mask", "c_offset", "c_lifted_tensor_0"} <= set(second.initial)
+    assert "aten.__and__.Tensor" in ops(second)  # an operator named as a dunder is an operator too
+    assert second.initial["p_block_lin_weight"].data_ptr() == second.initial["p_head_weight"].data_ptr()  # tied
+    [entry] = entries(project)
+    assert entry.path.parent == project.parent / ".rewind" / "programs" and entry.size < 64 * 1024  # no weights
+    assert (project.parent / ".rewind" / ".gitignore").read_text().splitlines()[-1] == "*"
+
+
+def test_a_cached_gpt_has_the_fresh_exports_source_lines_module_paths_and_names():
+    fresh = torch_export.load_program(EXAMPLES / "gpt.py")
+    program_cache.load_program(str(EXAMPLES / "gpt.py"))
+    assert_same_program(program_cache.load_program(str(EXAMPLES / "gpt.py")), fresh)
+    assert any(n.module_stack[-1][0] == "blocks.1.attn" for n in fresh.nodes if n.module_stack)
+
+
+@pytest.mark.parametrize("file, old, new, op", [
+    ("model.py", "scaled(self.head(y))", "torch.tanh(scaled(self.head(y)))", "aten.tanh.default"),
+    ("layers.py", "* self.gain", "- self.gain", "aten.sub.Tensor"),
+    ("parts/act.py", "torch.relu", "torch.sigmoid", "aten.sigmoid.default"),
+    ("vendor/scaling.py", "x * 2", "x.exp()", "aten.exp.default"),
+])
+def test_an_edit_of_the_model_or_a_file_it_imports_is_never_answered_from_the_cache(project, file, old, new, op):
+    before = program_cache.load_program(str(project))
+    path = project.parent / file
+    path.write_text(path.read_text().replace(old, new))
+    after = program_cache.load_program(str(project))
+    assert op in ops(after) - ops(before)
+    assert len(entries(project)) == 1  # the edited model's entry replaced the stale one
+
+
+def test_another_entry_is_its_own_program(project):
+    program_cache.load_program(str(project))
+    block = program_cache.load_program(str(project), "build_block")
+    assert_same_program(block, torch_export.load_program(project, "build_block"))
+    assert len(entries(project)) == 2
+
+
+def test_the_key_holds_the_driver_torchs_version_and_what_the_entry_built(project, monkeypatch):
+    model, inputs = torch_export.load_module(project)
+    args, kwargs = torch_export.split_inputs(inputs)
+
+    def key(driver="auto"):
+        cache = program_cache.ProgramCache(project, "build", driver, None)
+        return cache.key(model, args, kwargs, "model", cache.sources())
+
+    plain = key()
+    assert plain == key()
+    assert key("torch:cpu") != plain
+    with monkeypatch.context() as patched:
+        patched.setattr(torch, "__version__", "9.9.9")
+        assert key() != plain
+    model.block.lin.weight = torch.nn.Parameter(torch.zeros(4, 5))  # a weight of another shape
+    assert key() != plain
+    model.block.lin.weight = torch.nn.Parameter(torch.zeros(4, 4))  # same shape, other values: same graph
+    assert key() == plain
+    kwargs["scale"] = False  # a value fixed at export
+    assert key() != plain
+
+
+def test_a_library_the_model_imports_is_keyed_by_where_and_when_it_was_installed(tmp_path, monkeypatch):
+    library = tmp_path / "site-packages" / "somelib"
+    library.mkdir(parents=True)
+    (library / "__init__.py").write_text("X = 1\n")
+    (tmp_path / "model.py").write_text("import somelib\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site-packages"))
+    before = program_cache._sources(tmp_path / "model.py")
+    assert set(before["libraries"]) == {"somelib"} and len(before["user"]) == 1
+    os.utime(library / "__init__.py", ns=(1, 1))  # reinstalled
+    assert program_cache._sources(tmp_path / "model.py") != before
+
+
+# -- damaged and crafted entries -------------------------------------------------------------------------------
+
+MARKER = "rewind-cache-payload-ran"
+
+
+class Payload:
+    """Unpickled, it makes a folder: proof that something read from the entry ran."""
+
+    def __init__(self, folder: Path):
+        self.folder = str(folder)
+
+    def __reduce__(self):
+        return os.mkdir, (self.folder,)
+
+
+def rebuilt(data: bytes, change) -> bytes:
+    """The entry's archive with `change(parts, root)` applied to its parts (name -> bytes)."""
+    source = zipfile.ZipFile(io.BytesIO(data))
+    root = source.namelist()[0].split("/")[0]
+    parts = {i.filename.split("/", 1)[1]: source.read(i) for i in source.infolist()}
+    change(parts, root)
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
+        for name, body in parts.items():
+            archive.writestr(f"{root}/{name}", body)
+    return out.getvalue()
+
+
+def pickled_weight(marker: Path):
+    def change(parts, root):
+        config = json.loads(parts["data/weights/model_weights_config.json"])
+        first = next(iter(config["config"].values()))
+        first.update(use_pickle=True, path_name="weight_99")
+        parts["data/weights/model_weights_config.json"] = json.dumps(config).encode()
+        parts["data/weights/weight_99"] = pickle.dumps(Payload(marker))
+    return change
+
+
+def pickled_example_inputs(marker: Path):
+    def change(parts, root):
+        parts["data/sample_inputs/model.pt"] = pickle.dumps(Payload(marker))
+    return change
+
+
+def compiled_code(marker: Path):
+    def change(parts, root):
+        parts["data/aotinductor/model/model.so"] = b"\x7fELF"
+    return change
+
+
+def symbolic_expression(marker: Path):
+    def change(parts, root):
+        program = json.loads(parts["models/model.json"])
+        program["graph_module"]["graph"]["sym_int_values"]["s0"] = {
+            "as_expr": {"expr_str": f"__import__('os').mkdir({str(marker)!r})", "hint": None}}
+        parts["models/model.json"] = json.dumps(program).encode()
+    return change
+
+
+def operator_named(target: str):
+    def crafted(marker: Path):
+        def change(parts, root):
+            program = json.loads(parts["models/model.json"])
+            node = next(n for n in program["graph_module"]["graph"]["nodes"] if "relu" in n["target"])
+            node["target"] = target
+            parts["models/model.json"] = json.dumps(program).encode()
+        return change
+    return crafted
+
+
+CRAFTED = {
+    "a pickled weight": (pickled_weight, "pickled data"),
+    "pickled example inputs": (pickled_example_inputs, "example inputs"),
+    "compiled code": (compiled_code, "compiled code"),
+    "a symbolic expression": (symbolic_expression, "symbolic expressions"),
+    "a function as an operator": (operator_named("builtins.exec"), "not a torch operator"),
+    "a torch.ops method as an operator": (operator_named("torch.ops.load_library.x.y"), "torch could not read it"),
+}
+
+
+def test_a_crafted_entry_with_a_pickled_weight_would_run_code_under_torch_export_load(cached, tmp_path):
+    """The threat is real: torch.export.load unpickles the weight (and runs its payload)."""
+    marker = tmp_path / MARKER
+    crafted = rebuilt(cached[2], pickled_weight(marker))
+    with pytest.raises(Exception):
+        torch.export.load(io.BytesIO(crafted))
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("craft", CRAFTED)
+def test_a_crafted_entry_is_discarded_with_a_note_and_nothing_in_it_runs(cached, tmp_path, craft, monkeypatch):
+    model, fresh, good = cached
+    monkeypatch.delenv(CACHE_DIR_ENV)
+    make, reason = CRAFTED[craft]
+    [entry] = entries(model)
+    marker = tmp_path / MARKER
+    entry.path.write_bytes(rebuilt(good, make(marker)))
+    notes = []
+    loaded = program_cache.load_program(str(model), note=notes.append)
+    assert not marker.exists()
+    [note] = notes
+    assert reason in note and "model.py" in note and "exported again" in note
+    assert_same_program(loaded, fresh)
+    [again] = entries(model)
+    assert again.path == entry.path and again.size == len(good)  # a good entry again
+
+
+def test_a_pipe_named_as_the_entry_is_passed_over_not_waited_on(cached, monkeypatch):
+    model, fresh, good = cached
+    monkeypatch.delenv(CACHE_DIR_ENV)
+    [entry] = entries(model)
+    entry.path.unlink()
+    os.mkfifo(entry.path)  # opened for reading, a pipe would wait for a writer that never comes
+    assert_same_program(program_cache.load_program(str(model)), fresh)
+    assert entry.path.is_file() and entry.path.stat().st_size == len(good)
+
+
+def test_a_damaged_entry_is_discarded_with_a_note_in_the_session_and_rebuilt(project):
+    program_cache.load_program(str(project), driver="torch:cpu")
+    [entry] = entries(project)
+    entry.path.write_bytes(entry.path.read_bytes()[: entry.size // 2])
+    events = []
+    session = Session(events.append)
+    try:
+        session.launch(LaunchOptions(str(project), driver="torch:cpu", budget_mb=16))
+        assert session.program is not None and len(session.program.nodes) > 3
+    finally:
+        session.close()
+    [note] = [e.text for e in events if isinstance(e, Output) and "cached program" in e.text]
+    assert "damaged" in note and "exported again" in note
+    assert not any(word in note for word in ("Error", "Exception", "Traceback", "zipfile"))
+    [rebuilt_entry] = entries(project)
+    assert rebuilt_entry.size > entry.size // 2
+
+
+# -- the folder: off, cap, list, clear ----------------------------------------------------------------------------
+
+def test_the_cache_can_be_turned_off(project, monkeypatch, capsys):
+    monkeypatch.setenv(NO_CACHE_ENV, "1")
+    program_cache.load_program(str(project))
+    monkeypatch.setenv(NO_CACHE_ENV, "0")  # on again, until --no-cache
+    status = cli.main(["forensics", str(project), "--driver", "torch:cpu", "--budget-mb", "16", "--no-cache"])
+    assert status in (0, 1) and os.environ[NO_CACHE_ENV] == "1"
+    assert entries(project) == [] and not (project.parent / ".rewind").exists()
+
+
+def test_past_its_cap_the_folder_drops_the_least_recently_used_entry(project, monkeypatch):
+    program_cache.load_program(str(project))
+    [first] = entries(project)
+    monkeypatch.setenv(CAP_ENV, str(first.size * 1.2 / 2**20))
+    program_cache.load_program(str(project), "build_block")
+    [kept] = entries(project)
+    assert kept.made_from["entry"] == "build_block" and not first.path.exists()
+
+
+@pytest.mark.parametrize("cap", ["lots", "-1", "nan"])
+def test_a_cap_that_is_no_size_is_refused_in_words(project, monkeypatch, cap):
+    monkeypatch.setenv(CAP_ENV, cap)
+    with pytest.raises(RewindError, match=f"{CAP_ENV} is the program cache's size in MiB, a number"):
+        program_cache.load_program(str(project))
+
+
+def test_rewind_cache_lists_and_clears_a_models_entries(project, capsys):
+    program_cache.load_program(str(project))
+    program_cache.load_program(str(project), "build_block")
+    other = project.parent / "elsewhere.py"
+    shutil.copy(project, other)
+    assert cli.main(["cache", "list", str(project.parent)]) == 0
+    listing = capsys.readouterr().out
+    assert listing.count(str(project)) == 2 and "build_block" in listing and "2 cached programs" in listing
+    assert cli.main(["cache", "list", str(project), "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["entries"]) == 2
+    assert cli.main(["cache", "clear", str(other)]) == 0 and "removed 0 cached programs" in capsys.readouterr().out
+    assert cli.main(["cache", "clear", str(project.parent)]) == 0
+    assert "removed 2 cached programs" in capsys.readouterr().out and entries(project) == []
+
+
+@pytest.mark.parametrize("args, words", [
+    (["cache", "list", "no/such/place"], "there is no model file or folder 'no/such/place'"),
+    (["cache", "clear", "x" * 5000], "cannot be read: the name is too long"),
+])
+def test_rewind_cache_refuses_a_place_that_is_not_there_in_words(args, words, capsys):
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Error" not in err
+
+
+def test_rewind_cache_refuses_an_unknown_action(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["cache", "purge"])
+    assert "invalid choice: 'purge'" in capsys.readouterr().err
+
+
+def test_a_training_step_is_not_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path))
+    program = program_cache.load_program(str(TRAINING), "train_step")
+    assert program.step_starts and CacheFolder.beside(TRAINING).entries() == []
