@@ -16,12 +16,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from dap_server import ranks
 from dap_server.breakpoints import DEFAULT_EXCEPTION_FILTERS
 from dap_server.events import MAIN_THREAD, SessionEvents
 from dap_server.failures import Cancelled, describe_failure
 from dap_server.frames import FRAMES_PER_THREAD
 from dap_server.variables import VariableTable
 from hardware.errors import NotStoppedError, RewindError
+from hardware.ranks.session import RankedSession
 from hardware.session import Session
 
 if TYPE_CHECKING:
@@ -55,8 +57,7 @@ class Adapter:
         self.notify = notify  # thread-safe: tell the front something that is not for the client (a recording's file)
         self.client = ClientCapabilities()
         self.events = SessionEvents(self)
-        self.session = Session(on_event=self.events)
-        self.session.set_exception_filters(DEFAULT_EXCEPTION_FILTERS)  # until the client chooses its own
+        self.session: Session | RankedSession = self._one_process()
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rewind-session")
         self.variables = VariableTable()
         self.launched = False
@@ -82,8 +83,9 @@ class Adapter:
                 raise Cancelled("cancelled")
         self._motion = None
         self._running_seq = seq
+        answer = ranks.answer_for(handler) if isinstance(self.session, RankedSession) else handler.fn
         try:
-            body = handler.fn(self, args)
+            body = answer(self, args)
         finally:
             self._running_seq = None
         motion, self._motion = self._motion, None
@@ -150,10 +152,31 @@ class Adapter:
             pass
         self.worker.shutdown(wait=False, cancel_futures=False)
 
+    # -- the session ------------------------------------------------------------------------------------
+    def _one_process(self) -> Session:
+        session = Session(on_event=self.events)
+        session.set_exception_filters(DEFAULT_EXCEPTION_FILTERS)  # until the client chooses its own
+        return session
+
+    def use_ranks(self, count: int | None, timeout_s: float) -> None:
+        """Before a (re)launch: a launch with ranks is driven by a RankedSession, whose ranks are engine processes
+        of this module's kind (a rank silent for `timeout_s` is reported); one without, by a Session. The session
+        that was is closed when the kind changes."""
+        if (count is not None) != isinstance(self.session, RankedSession):
+            self.session.close()
+            hello = {"op": "hello", "linesStartAt1": self.client.lines_start_at_1,
+                     "columnsStartAt1": self.client.columns_start_at_1}
+            self.session = (RankedSession(self.events, "dap_server.engine", hello) if count is not None
+                            else self._one_process())
+        if isinstance(self.session, RankedSession):
+            self.session.timeout_s = timeout_s
+
     # -- helpers for handlers ----------------------------------------------------------------------
     @property
     def loaded(self) -> bool:
         """A program is loaded (a relaunch that failed after the last one closed leaves none)."""
+        if isinstance(self.session, RankedSession):
+            return self.launched and self.session.loaded
         return self.launched and self.session.timeline is not None
 
     def require_launched(self) -> None:

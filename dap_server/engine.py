@@ -9,6 +9,11 @@ directory and moves into the one a launch gives (`cwd`, dap_server/paths.py): th
 
 The engine ends when the client disconnects or the front closes the pipe. A program that exits, crashes
 or hangs ends only this process: the front notices, answers what was pending and keeps serving.
+
+A launch with `ranks` makes the session's engine a coordinator of many engines, one per rank, forked by
+`python -m dap_server.engine --rank-launcher FD` (hardware/ranks/launcher.py): each is a RankAdapterEngine,
+moved by the coordinator and answering, with the usual handlers over its own Session, the DAP requests about its
+rank that dap_server/ranks.py forwards to it.
 """
 
 from __future__ import annotations
@@ -23,7 +28,13 @@ import threading
 from typing import Callable
 
 from dap_server import channel, paths
+from dap_server.adapter import Adapter
 from dap_server.dispatch import Dispatcher
+from dap_server.requests import REQUESTS
+from hardware.errors import RewindError
+from hardware.events import Output
+from hardware.ranks.launcher import serve as serve_ranks
+from hardware.ranks.worker import RankEngine, run_rank
 
 log = logging.getLogger("dap_server")
 MAX_PROGRAM_OUTPUT = 2**20  # bytes of the program's stdout shown to the client per session
@@ -104,11 +115,52 @@ def _private_channel() -> tuple[int, int, int]:
     return fd_in, fd_out, output_r
 
 
+class RankAdapterEngine(RankEngine):
+    """One rank of a session of many: moved by the coordinator, and answering DAP requests about its own rank
+    (`dap` messages) with the usual handlers over its own Session; what they say goes back as the rank's notes."""
+
+    def __init__(self, rank: int, world_size: int):
+        self.adapter = Adapter(self._emit)
+        super().__init__(rank, world_size, session=self.adapter.session)
+
+    def _emit(self, event: str, body: dict | None = None) -> None:
+        if event == "output" and body:  # a stop is the coordinator's to tell, for every rank at once
+            self._event(Output(str(body.get("output", ""))))
+
+    def launch(self, options: dict) -> dict:
+        result = super().launch(options)
+        self.adapter.launched = True
+        return result
+
+    def do_hello(self, m: dict) -> None:
+        """The client's numbering of lines and columns (from its initialize)."""
+        self.adapter.client.lines_start_at_1 = bool(m["linesStartAt1"])
+        self.adapter.client.columns_start_at_1 = bool(m["columnsStartAt1"])
+
+    def do_dap(self, m: dict) -> object:
+        handler = REQUESTS.get(str(m.get("command")))
+        if handler is None:
+            raise RewindError(f"unknown request '{m.get('command')}'")
+        return handler.fn(self.adapter, handler.parse(m.get("arguments")))
+
+    def do_motion(self, m: dict) -> dict:
+        self.adapter.variables.clear()  # references live for one stop, here as in the adapter
+        return super().do_motion(m)
+
+    def do_goto(self, m: dict) -> dict:
+        self.adapter.variables.clear()
+        return super().do_goto(m)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m dap_server.engine",
                                      description="One Rewind debug session; started by the DAP server, not by hand.")
     parser.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--rank-launcher", type=int, metavar="FD")  # be the launcher of a session's ranks
     args = parser.parse_args(argv)
+    if args.rank_launcher is not None:
+        serve_ranks(lambda rank, world_size, store, pipe: run_rank(RankAdapterEngine(rank, world_size), store, pipe),
+                    args.rank_launcher)
     logging.basicConfig(stream=sys.stderr, level=args.log_level, format="rewind-engine %(levelname)s: %(message)s")
     fd_in, fd_out, output_fd = _private_channel()
     paths.follow_session_cwd()  # this process is one session's: its program runs in the launch's `cwd`

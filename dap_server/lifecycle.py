@@ -16,6 +16,7 @@ from dap_server import paths
 from dap_server.breakpoints import changed_line_breakpoints
 from dap_server.requests import Arguments, StrictArguments, capabilities, capability, request
 from hardware.errors import RewindError
+from hardware.ranks.launcher import MAX_RANKS
 from hardware.session import LaunchOptions
 
 if TYPE_CHECKING:
@@ -76,6 +77,8 @@ class LaunchArguments(StrictArguments):
     reference: str | None = None  # forensics: torch:cpu:float64 (default), a trace, or saved values
     rtol: float | None = Field(None, ge=0)  # tolerances against the reference (default: by dtype)
     atol: float | None = Field(None, ge=0)
+    ranks: int | None = Field(None, ge=1, le=MAX_RANKS)  # torch.distributed: one engine per rank (dap_server/ranks.py)
+    rankTimeout: float = Field(60.0, gt=0, le=86400)  # with ranks: seconds a rank may take to answer, then reported
     seed: int = 0  # sim chip: seed of a random schedule
     schedule: Literal["round-robin", "random"] = "round-robin"  # sim chip: how units' steps interleave
     faults: list[dict[str, Any]] = []  # sim chip: planted faults (docs/sim.md); the driver checks them
@@ -116,7 +119,8 @@ class LaunchArguments(StrictArguments):
                              spill_dir=path(self.checkpoint.spillDir),
                              check_batch=self.checkpoint.checkBatch, device_pool=self.checkpoint.devicePool,
                              stop_on_entry=self.stopOnEntry, reference=reference, rtol=self.rtol,
-                             atol=self.atol, seed=self.seed, schedule=self.schedule, faults=self.faults)
+                             atol=self.atol, seed=self.seed, schedule=self.schedule, faults=self.faults,
+                             ranks=self.ranks)
 
 
 @request("launch")
@@ -167,6 +171,7 @@ def _load(adapter: "RequestContext", args: LaunchArguments, command: str) -> Non
     every path the client gave resolved against it."""
     cwd = paths.checked_cwd(args.cwd, command) if args.cwd is not None else paths.session_cwd(adapter)
     with adapter.events.progress(f"Loading {args.source}", cancellable=False), paths.Entering(adapter, cwd):
+        adapter.use_ranks(args.ranks, args.rankTimeout)
         adapter.session.launch(args.options(cwd))
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import sys
-from typing import Any
+from contextvars import ContextVar
+from typing import Any, Callable
 
 import torch
 
@@ -20,6 +21,17 @@ from hardware.program import Node
 
 # A bitcast reinterprets bytes, so it cannot run at another element width.
 WIDTH_BOUND_OPS = ("aten.view.dtype",)
+# torch.distributed's functional collectives, as torch.export writes them; wait_tensor only waits for one's result.
+COLLECTIVE_NAMESPACE, COLLECTIVE_WAIT = "_c10d_functional.", "_c10d_functional.wait_tensor."
+# How a collective node runs: set by a rank's engine (hardware/ranks/), which lets one run only together with its
+# peers and answers a recomputation with the recorded result. Called with the node and the call that runs it.
+COLLECTIVES: ContextVar[Callable[[Node, Callable[[], list[Any]]], list[Any]] | None] = ContextVar(
+    "rewind_collectives", default=None)
+
+
+def is_collective(op: str) -> bool:
+    """Does a node of op `op` communicate with the other ranks (an all_reduce, not the wait for its result)?"""
+    return op.startswith(COLLECTIVE_NAMESPACE) and not op.startswith(COLLECTIVE_WAIT)
 
 
 def keep_freed_memory() -> None:
@@ -47,7 +59,17 @@ def run(node: Node, args: tuple, kwargs: dict, device: torch.device) -> list[Any
     if "device" in kwargs:  # a factory op (a mask's `ones`) names the device it ran on at export: run it here
         kwargs = {**kwargs, "device": device}
     with torch.no_grad():
+        if is_collective(node.op):
+            return _collective(node, lambda: outputs(node, node.target(*args, **kwargs)))
         return outputs(node, node.target(*args, **kwargs))
+
+
+def _collective(node: Node, call: Callable[[], list[Any]]) -> list[Any]:
+    runner = COLLECTIVES.get()
+    if runner is None:
+        raise DriverError(f"{node.describe()} is a torch.distributed collective: it runs only in a session of many "
+                          "ranks (launch with ranks: N, or rewind debug --ranks N)")
+    return runner(node, call)
 
 
 def run_widened(node: Node, args: tuple, kwargs: dict, device: torch.device, dtype: torch.dtype) -> list[Any]:

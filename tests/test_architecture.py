@@ -33,7 +33,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("records", ("provenance.writelog", "provenance.lineage")),  # what was written, and from what
     ("time", ("checkpoint",)),  # Timeline, ring, tiers, branches, traces
     ("analyses", ("provenance",)),  # forensics, experiments, repair, knowledge: handed a Session
-    ("session", ("hardware.session",)),  # the Session and its collaborators
+    ("session", ("hardware.session", "hardware.ranks")),  # the Session and its collaborators; a Session per rank
     ("surfaces", ("dap_server", "provenance.lsp", "provenance.forensics_cli", "provenance.repair_cli",
                   "provenance.validate_cli", "provenance.charts", "provenance.report_html")),
     ("facade", ("rewind",)),  # `import rewind`: the Python API for scripts and notebooks, over the surfaces

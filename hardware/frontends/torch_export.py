@@ -27,9 +27,10 @@ import sysconfig
 import tokenize
 import traceback
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterator, Union
+from typing import Any, Callable, Iterator, Protocol, Union
 
 import torch
 from torch.export import ExportedProgram
@@ -95,10 +96,24 @@ def call_entry(module: ModuleType, entry: str, returns: str = "(module, inputs)"
         raise ProgramLoadError(f"{file} defines no '{entry}' (the entry that returns {returns})")
     if not callable(fn):
         raise ProgramLoadError(f"'{entry}' in {file} is not callable")
+    given = rank_arguments(fn, f"{entry}() in {file}")
     try:
-        return fn()
+        return fn(**given)
     except Exception as exc:
         raise ProgramLoadError(f"calling {entry}() in {file} failed: {raised_in_user_code(exc, file)}") from exc
+
+
+def rank_arguments(fn: Callable, whose: str) -> dict[str, int]:
+    """`rank` and `world_size` for an entry that takes them (`build(rank, world_size)`): the rank this process is
+    of its torch.distributed process group (a session of many ranks, hardware/ranks/), and how many there are."""
+    wanted = [n for n in positional_names(fn) if n in ("rank", "world_size")]
+    if not wanted:
+        return {}
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        raise ProgramLoadError(f"{whose} takes {' and '.join(wanted)}: it builds one rank of many, so launch it "
+                               "with ranks (launch argument ranks: N, or rewind debug --ranks N)")
+    found = {"rank": torch.distributed.get_rank(), "world_size": torch.distributed.get_world_size()}
+    return {n: found[n] for n in wanted}
 
 
 def module_and_inputs(result: Any, entry: str, file: Path) -> tuple[torch.nn.Module, Inputs]:
@@ -146,9 +161,13 @@ def _importing_from(folder: Path) -> Iterator[None]:
         importable = {_real(p) for p in saved}
         added = {_real(p) for p in sys.path} - importable
         sys.path[:] = saved
-        for name, mod in list(sys.modules.items()):
-            if name not in before and _imported_from(name, mod) in added:
-                del sys.modules[name]
+        dropped = {name: mod for name, mod in list(sys.modules.items())
+                   if name not in before and _imported_from(name, mod) in added}
+        hooks = LOAD_HOOKS.get()
+        if hooks is not None:
+            hooks.imported([f for f in (getattr(m, "__file__", None) for m in dropped.values()) if isinstance(f, str)])
+        for name in dropped:
+            del sys.modules[name]
 
 
 def _real(entry: str) -> str:
@@ -173,7 +192,8 @@ def export_program(model: torch.nn.Module, inputs: Inputs, name: str = "program"
     args, kwargs = split_inputs(inputs)
     check_input_types(model, args, kwargs)
     with torch.no_grad():
-        exported = export(model, args, kwargs, name)
+        hooks = LOAD_HOOKS.get()
+        exported = hooks.export(model, args, kwargs, name) if hooks is not None else export(model, args, kwargs, name)
     return program_from_export(exported, tensor_inputs(exported, args, kwargs), name, model)
 
 
@@ -203,6 +223,20 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict, name: str,
                                f"{export_failure(exc, user_model or model)}") from exc
 
 
+class LoadHooks(Protocol):
+    """What watches and serves the load of a model file under way (program_cache.py's program cache)."""
+
+    def export(self, model: torch.nn.Module, args: tuple, kwargs: dict, name: str) -> ExportedProgram:
+        """Instead of export() in export_program: its result for these arguments."""
+
+    def imported(self, files: list[str]) -> None:
+        """The files of the modules the user's file imported from its folder and the folders it put on sys.path."""
+
+
+# The hooks of the load under way, if any: a ContextVar, so one load's, no other's.
+LOAD_HOOKS: ContextVar[LoadHooks | None] = ContextVar("rewind_load_hooks", default=None)
+
+
 def load_program(path: str | os.PathLike, entry: str = "build") -> Program:
     model, inputs = load_module(path, entry)
     return export_program(model, inputs, name=Path(path).stem)
@@ -210,10 +244,12 @@ def load_program(path: str | os.PathLike, entry: str = "build") -> Program:
 
 def program_from_export(ep: ExportedProgram, inputs: tuple, name: str, model: torch.nn.Module) -> Program:
     """`inputs`: the tensors among the user's inputs, in the exported order (numbers, strings and None given as
-    inputs were fixed at export and are no values of the Program)."""
+    inputs were fixed at export and are no values of the Program). Parameters, buffers and tensor attributes are
+    `model`'s own (the ones export saw; a cached program holds placeholders), constants made in forward `ep`'s."""
     sig = ep.graph_signature
     state = dict(ep.state_dict)
     state.update(ep.constants)
+    state.update(model_tensors(model))
     values: dict[str, ValueInfo] = {}
     initial: dict[str, Any] = {}
     user_inputs = iter(inputs)
@@ -254,6 +290,16 @@ def program_from_export(ep: ExportedProgram, inputs: tuple, name: str, model: to
             raise ProgramLoadError(f"program output '{out}' is not a tensor computed by the graph")
     return Program(name=name, nodes=nodes, values=values, initial=initial, outputs=outputs,
                    buffer_mutations=mutations, source_files=source_files(nodes))
+
+
+def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor of a module by its path: parameters, buffers and plain tensor attributes (which export lifts as
+    constants), as export names them."""
+    found = {f"{prefix}.{k}" if prefix else k: v for prefix, module in model.named_modules(remove_duplicate=False)
+             for k, v in vars(module).items() if isinstance(v, torch.Tensor)}
+    found.update(model.named_buffers(remove_duplicate=False))
+    found.update(model.named_parameters(remove_duplicate=False))
+    return found
 
 
 def source_files(nodes: list[Node]) -> dict[str, str]:

@@ -44,6 +44,7 @@ class LaunchOptions:
     seed: int = 0  # sim chip: the seed of a random schedule
     schedule: str = "round-robin"  # sim chip: how units' steps interleave (round-robin, random)
     faults: list = field(default_factory=list)  # sim chip: injected faults (hardware/drivers/sim/faults.py)
+    ranks: int | None = None  # torch.distributed ranks, an engine process each (hardware/ranks/); None: no group
 
     def driver_options(self) -> dict:
         """The options the driver itself takes (only those set away from their defaults)."""

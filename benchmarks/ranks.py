@@ -1,0 +1,210 @@
+"""Many ranks benchmark (issue 18): examples/tensor_parallel.py (Megatron style: two blocks, one all_reduce each) on
+2 and 4 ranks of one gloo process group, under Rewind against the same program under plain torch.distributed,
+side by side in one run.
+
+    python benchmarks/ranks.py            # 2 and 4 ranks, 3 launches each
+    python benchmarks/ranks.py --small    # 2 ranks, one launch each: every row, quickly
+
+- Eager: N processes forked from this one (before it runs anything on tensors) join a gloo group and call the model
+  (torch.distributed's functional collectives, no Rewind): the slowest rank's median call after one warm-up.
+- Rewind: a Coordinator per launch (one rank launcher for the whole run, as a debug session keeps one), `run()` from
+  entry to the end: every node run for the first time, checkpointed and checked, each collective crossed through a
+  consistent cut. Overhead per node: (Rewind - eager) / the nodes of a rank. Overhead per collective: a one-node
+  step of every rank that crosses a collective against one that does not (p50), on a fresh launch: the
+  coordinator's fence, match and joint motion, with the collective itself.
+- Step back across a collective: from right after a collective, one node back on every rank (back across it).
+- Mismatch: tests/models/ranks/skipped_collective.py on N ranks (rank 1 skips an all_reduce its peers call): from
+  `run()` at entry to the exception stop. The same program under plain torch.distributed hangs (until gloo's
+  timeout: 30 minutes by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT)]
+
+from hardware.frontends.torch_export import load_module  # noqa: E402
+from hardware.ranks.coordinator import Coordinator  # noqa: E402
+from hardware.ranks.launcher import RankLauncher  # noqa: E402
+from hardware.ticks import Direction  # noqa: E402
+
+EXAMPLE = ROOT / "examples" / "tensor_parallel.py"
+SKIPPED = ROOT / "tests" / "models" / "ranks" / "skipped_collective.py"
+
+
+# -- eager: plain torch.distributed ---------------------------------------------------------------------------
+def eager_ms(world_size: int, calls: int) -> float:
+    """The slowest rank's median call of the model, in ms, each rank a process forked from this one."""
+    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=120))
+    reads = []
+    for rank in range(world_size):
+        read, write = os.pipe()
+        if os.fork() == 0:
+            os.close(read)
+            _eager_rank(rank, world_size, store.port, calls, write)
+        os.close(write)
+        reads.append(read)
+    medians = []
+    for read in reads:
+        with os.fdopen(read) as answer:
+            medians.append(json.loads(answer.read())["ms"])
+    for _ in reads:
+        os.wait()
+    return max(medians)
+
+
+def _eager_rank(rank: int, world_size: int, port: int, calls: int, write: int) -> None:
+    code = 1
+    try:
+        tcp = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timedelta(seconds=120))
+        dist.init_process_group("gloo", store=tcp, rank=rank, world_size=world_size)
+        model, inputs = load_module(EXAMPLE)
+        times = []
+        with torch.no_grad():
+            for _ in range(calls + 1):
+                dist.barrier()
+                t = time.perf_counter()
+                model(*inputs)
+                times.append((time.perf_counter() - t) * 1e3)
+        os.write(write, json.dumps({"ms": statistics.median(times[1:])}).encode())
+        dist.destroy_process_group()
+        code = 0
+    finally:
+        os._exit(code)
+
+
+# -- Rewind ---------------------------------------------------------------------------------------------------
+def timed(fn) -> tuple[float, object]:
+    t = time.perf_counter()
+    out = fn()
+    return (time.perf_counter() - t) * 1e3, out
+
+
+def rewind_rows(world_size: int, launcher: RankLauncher, repeats: int, samples: int,
+                launches: list[float]) -> dict:
+    """Every Rewind figure for `world_size` ranks; the time of each launch is added to `launches`."""
+    def launch(program: Path) -> Coordinator:
+        ms, c = timed(lambda: Coordinator(str(program), world_size, launcher=launcher))
+        launches.append(ms)
+        return c
+
+    runs = []
+    for _ in range(repeats):
+        with launch(EXAMPLE) as c:
+            ms, stop = timed(c.run)
+            assert stop.reason == "end", stop
+            runs.append(ms)
+            nodes, collectives = c.states()[0]["end"], c.collectives(0)
+            back = step_back_across(c, samples)
+    with launch(EXAMPLE) as c:
+        plain, crossing = node_steps(c)
+    mismatch = []
+    for _ in range(repeats):
+        with launch(SKIPPED) as c:
+            ms, stop = timed(c.run)
+            assert stop.reason == "exception" and stop.finding, stop
+            mismatch.append(ms)
+    return {"run": statistics.median(runs), "nodes": nodes,
+            "collectives": len(collectives), "back": back, "plain": plain, "crossing": crossing,
+            "mismatch": statistics.median(mismatch)}
+
+
+def node_steps(c: Coordinator) -> tuple[float, float]:
+    """p50 of a one-node step of every rank from entry to the end (each node run for the first time): those that
+    cross no collective, and those that cross one."""
+    plain, crossing = [], []
+    while c.states()[0]["tick"] < c.states()[0]["end"]:
+        passed = c.states()[0]["passed"]
+        ms, _ = timed(lambda: c.step(Direction.FORWARD, "node"))
+        (crossing if c.states()[0]["passed"] > passed else plain).append(ms)
+    return statistics.median(plain), statistics.median(crossing)
+
+
+def step_back_across(c: Coordinator, samples: int) -> tuple[float, float]:
+    """p50 and p95 of one node back on every rank from right after a collective (back across it), in ms."""
+    lat = []
+    for i in range(samples):
+        k = i % len(c.collectives(0))
+        for r in range(c.world_size):  # each rank right after it (a goto leaves the others in the same segment)
+            c.goto(c.collectives(r)[k].tick + 1, r)
+        ms, _ = timed(lambda: c.step(Direction.REVERSE, "node"))
+        assert all(s["passed"] == k for s in c.states().values())
+        lat.append(ms)
+    lat.sort()
+    return lat[len(lat) // 2], lat[max(0, int(len(lat) * 0.95) - 1)]
+
+
+# -- the table --------------------------------------------------------------------------------------------------
+def table(sizes: list[int], eager: dict[int, float], rewind: dict[int, dict],
+          launches: dict[int, list[float]]) -> str:
+    def row(name: str, cell) -> str:
+        return f"| {name} | " + " | ".join(cell(n) for n in sizes) + " |"
+
+    r = rewind
+    lines = [
+        "| measure | " + " | ".join(f"{n} ranks" for n in sizes) + " |",
+        "|---|" + "---|" * len(sizes),
+        row("model", lambda n: f"examples/tensor_parallel.py: {r[n]['nodes']} nodes, {r[n]['collectives']} "
+                               "all_reduce per rank"),
+        row("first launch: the rank launcher's start, then the ranks", lambda n: f"{launches[n][0] / 1e3:.1f} s"
+            if n == sizes[0] else "-"),
+        row("launch: ranks forked, each exporting its program (median of the others)",
+            lambda n: f"{statistics.median(launches[n][n == sizes[0]:]) / 1e3:.2f} s"),
+        row("eager forward, plain torch.distributed (slowest rank, median)", lambda n: f"{eager[n]:.2f} ms"),
+        row("Rewind: run to the end (first execution, consistent cuts)",
+            lambda n: f"{r[n]['run']:.1f} ms ({r[n]['run'] / eager[n]:.1f}x eager)"),
+        row("overhead per node", lambda n: f"{(r[n]['run'] - eager[n]) / r[n]['nodes']:.2f} ms"),
+        row("one-node step of every rank, p50", lambda n: f"{r[n]['plain']:.2f} ms"),
+        row("one-node step across a collective, p50", lambda n: f"{r[n]['crossing']:.2f} ms"),
+        row("overhead per collective (the difference)", lambda n: f"{r[n]['crossing'] - r[n]['plain']:.2f} ms"),
+        row("step back across a collective, p50 / p95",
+            lambda n: f"{r[n]['back'][0]:.2f} / {r[n]['back'][1]:.2f} ms"),
+        row("planted skipped collective: entry to the stop (median)", lambda n: f"{r[n]['mismatch']:.1f} ms"),
+        row("the same program, plain torch.distributed", lambda n: "hangs (until gloo's timeout)"),
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--small", action="store_true", help="2 ranks, one launch: every row, quickly")
+    parser.add_argument("--repeats", type=int, default=3, help="launches per figure (default 3; --small: 1)")
+    parser.add_argument("--samples", type=int, default=20, help="steps back timed (default 20; --small: 4)")
+    parser.add_argument("--calls", type=int, default=20, help="eager calls timed per rank (default 20; --small: 3)")
+    args = parser.parse_args(argv)
+    if args.small:
+        args.repeats, args.samples, args.calls = 1, 4, 3
+    for name in ("repeats", "samples", "calls"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} is a number of times, at least 1")
+    sizes = [2] if args.small else [2, 4]
+    eager = {n: eager_ms(n, args.calls) for n in sizes}  # first: forked before this process runs anything
+    launches: dict[int, list[float]] = {n: [] for n in sizes}
+    launcher = RankLauncher()  # its start is part of the first launch's time
+    try:
+        rewind = {n: rewind_rows(n, launcher, args.repeats, args.samples, launches[n]) for n in sizes}
+    finally:
+        launcher.close()
+    print(f"Many ranks on {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, gloo; "
+          f"{datetime.date.today()}; {args.repeats} launch(es) per figure\n")
+    print(table(sizes, eager, rewind, launches))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,465 @@
+"""The coordinator: one debug session over the N ranks of a torch.distributed program (docs/ranks.md).
+
+It starts one engine process per rank (hardware/ranks/worker.py), which join one gloo process group through a
+TCPStore the coordinator serves (on loopback unless MASTER_ADDR/MASTER_PORT or `rendezvous` say otherwise), and
+moves them through consistent cuts: every rank has passed the same number of collectives at every stop. Going
+forward, a rank waits before its next collective until every rank has reached one, and they run it together only
+when the ranks' collectives match (op, group, dtypes, shapes, reduce op); when they do not, or a rank has reached
+its end while its peers wait at a collective, the session stops before any rank blocks, naming each side, with
+every rank alive. Going back is symmetric: a rank waits right after its last collective until every rank is
+there, and then they all go back across it. A rank that does not answer within `timeout_s` is reported with
+every rank's position instead of a deadlock.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+import torch.distributed as dist
+
+from hardware.errors import RewindError, echo
+from hardware.ranks.collectives import Collective, mismatch
+from hardware.ranks.launcher import MAX_RANKS, RankLauncher, exit_code
+from hardware.ranks.pipe import Pipe, PipeClosed
+from hardware.ticks import Direction
+
+MOTIONS = ("continue", "next", "stepIn", "stepOut", "node")
+_ENDED = ("collective", "end", "entry")  # a rank's motion ended for no reason of its own: its peers decide
+_LOG_TAIL = 2000  # characters of a gone rank's output quoted
+
+
+@dataclass
+class CutStop:
+    """Where a motion of every rank ended: why, in words, the rank the stop is about, and each rank's position."""
+
+    reason: str  # entry, step, breakpoint, function breakpoint, exception, pause, goto, end
+    description: str
+    rank: int | None
+    ticks: dict[int, int] = field(default_factory=dict)
+    finding: bool = False  # an exception the coordinator found (a mismatch, a rank that did not answer), no rank's
+    breakpoints: list[int] = field(default_factory=list)  # the user's breakpoints the rank stopped at
+
+
+class _Rank:
+    def __init__(self, rank: int, pid: int, pipe: Pipe, folder: Path):
+        self.rank, self.pid, self.pipe, self.folder = rank, pid, pipe, folder
+        self.log = folder / f"rank{rank}.log"
+        self.state: dict = {}
+        self.collectives: list[Collective] = []
+        self.outputs: list[str] = []  # the Program's output values
+        self.busy: str | None = None  # the request it has not answered in time
+        self.gone: str | None = None  # why it can answer nothing more
+
+    def output(self) -> str:
+        try:
+            text = self.log.read_text(errors="replace").strip()
+        except OSError:
+            return ""
+        return text[-_LOG_TAIL:]
+
+
+class Coordinator:
+    def __init__(self, program: str, ranks: int, entry: str = "build", budget_mb: float = 1024.0,
+                 timeout_s: float = 60.0, launch_timeout_s: float = 240.0, rendezvous: str | None = None,
+                 launcher: RankLauncher | None = None, on_notes: Callable[[int, list[str]], None] | None = None):
+        """Start `ranks` engines on `program` and wait until each has loaded its rank's Program (stopped at
+        entry); any failure ends every rank and says which rank failed and why. `launcher`: the rank launcher
+        that forks them (else one of this coordinator's own, ended with it); `on_notes` hears what a rank's
+        Session said (its output), with the rank."""
+        self.world_size = _checked_ranks(ranks)
+        self.timeout_s = _checked_seconds(timeout_s, "timeout")
+        if not isinstance(program, str) or not os.path.isfile(program):
+            raise RewindError(f"program file not found: {echo(str(program), 200)}")
+        self.ranks: list[_Rank] = []
+        self.last_stop: CutStop | None = None
+        self._pause = threading.Event()
+        self._send_lock = threading.Lock()
+        self._folder = Path(tempfile.mkdtemp(prefix="rewind-ranks-"))
+        self._store = None
+        self._closed = False
+        self._own_launcher = launcher is None
+        self._launcher = launcher
+        self._on_notes = on_notes
+        try:
+            self._store, address = _serve_store(rendezvous, self.world_size)
+            if self._launcher is None:
+                self._launcher = RankLauncher()
+            forked = self._launcher.fork(self.world_size, address, self._folder, launch_timeout_s)
+            self.ranks = [_Rank(r, pid, pipe, self._folder) for r, (pid, pipe) in enumerate(forked)]
+            replies = self._ask({r: {"op": "launch", "program": os.path.abspath(program), "entry": entry,
+                                     "budget_mb": budget_mb} for r in range(self.world_size)}, launch_timeout_s,
+                                "loading its program")
+            for rank in self.ranks:
+                reply = replies[rank.rank]
+                rank.collectives = [Collective.from_dict(d) for d in reply.pop("collectives")]
+                rank.outputs = reply.pop("outputs")
+                rank.state = reply
+        except BaseException:
+            self.close()
+            raise
+        self.last_stop = CutStop("entry", "stopped on entry", None, self.ticks())
+
+    # -- processes -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """End every rank (at once for one stuck in a collective or in the user's code), and the rendezvous."""
+        if self._closed:
+            return
+        self._closed = True
+        for rank in self.ranks:
+            if rank.gone is None:
+                try:
+                    with self._send_lock:
+                        rank.pipe.send({"op": "close"})
+                except PipeClosed:
+                    pass
+        deadline = time.monotonic() + 5.0
+        for rank in self.ranks:
+            if exit_code(rank.folder, rank.rank, max(0.1, deadline - time.monotonic())) is None:
+                _kill(rank.pid)
+                exit_code(rank.folder, rank.rank, 5.0)  # reaped by the launcher
+            rank.pipe.close()
+            rank.gone = rank.gone or "the session is closed"
+        self._store = None
+        if self._own_launcher and self._launcher is not None:
+            self._launcher.close()
+        self._launcher = None
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+    def __enter__(self) -> "Coordinator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def pids(self) -> list[int]:
+        return [rank.pid for rank in self.ranks]
+
+    # -- requests ---------------------------------------------------------------------------------
+    def _ask(self, messages: dict[int, dict], timeout: float, doing: str, moves: bool = False) -> dict[int, Any]:
+        """Send each rank its message, then wait for every answer (they work at once). A rank's refusal is a
+        RewindError naming the rank; a rank gone or silent past `timeout` is a RankTrouble, which says where the
+        others are (`moves`: the answers are the ranks' new states, kept as they arrive)."""
+        for r, message in messages.items():
+            rank = self._usable(r)
+            try:
+                with self._send_lock:
+                    rank.pipe.send(message)
+            except PipeClosed:
+                self._lost(rank, doing)
+        deadline = time.monotonic() + timeout
+        answers, errors, trouble = {}, [], []
+        for r in messages:
+            rank = self.ranks[r]
+            try:
+                reply = rank.pipe.receive(max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                rank.busy = f"{doing} (from tick {rank.state.get('tick', 0)})"
+                trouble.append(r)
+                continue
+            except PipeClosed:
+                trouble.append(r)
+                self._gone(rank, doing)
+                continue
+            if reply.get("notes") and self._on_notes is not None:
+                self._on_notes(r, [str(n) for n in reply["notes"]])
+            if reply.get("ok"):
+                answers[r] = reply.get("result")
+                if moves:
+                    rank.state = answers[r]
+            else:
+                errors.append(f"rank {r}: {reply.get('error')}" if self.world_size > 1 else str(reply.get("error")))
+        if trouble:
+            raise RankTrouble(self._trouble_report(trouble, doing), trouble[0])
+        if errors:
+            raise RewindError("; ".join(errors))
+        return answers
+
+    def _usable(self, r: int) -> _Rank:
+        rank = self.ranks[r]
+        if rank.gone is not None:
+            raise RewindError(f"rank {r} {rank.gone}: close the session")
+        if rank.busy is not None:
+            try:  # its late answer, if it has come: the rank is free again
+                rank.pipe.receive(0.0)
+                rank.busy = None
+            except TimeoutError:
+                raise RewindError(f"rank {r} is still busy {rank.busy}") from None
+            except PipeClosed:
+                self._gone(rank, rank.busy)
+                raise RewindError(f"rank {r} {rank.gone}: close the session") from None
+        return rank
+
+    def _gone(self, rank: _Rank, doing: str) -> None:
+        code = exit_code(rank.folder, rank.rank, 2.0)
+        said = rank.output()
+        how = f"exit code {code}" if code is not None else "its pipe closed"
+        rank.gone = f"ended while {doing} ({how})" + (f"; its last output:\n{said}" if said else "")
+
+    def _lost(self, rank: _Rank, doing: str) -> None:
+        self._gone(rank, doing)
+        raise RankTrouble(self._trouble_report([rank.rank], doing), rank.rank)
+
+    def _trouble_report(self, troubled: list[int], doing: str) -> str:
+        """The troubled ranks, why, then where every other (launched) rank is."""
+        parts = []
+        for rank in sorted(self.ranks, key=lambda k: k.rank not in troubled):
+            if rank.rank in troubled and rank.gone is not None:
+                parts.append(f"rank {rank.rank} {rank.gone}")
+            elif rank.rank in troubled:
+                parts.append(f"rank {rank.rank} did not return within {self.timeout_s:g} s while {doing}, from "
+                             f"{self._where(rank)}")
+            elif rank.state:
+                parts.append(f"rank {rank.rank} is at {self._where(rank)}")
+        return "; ".join(parts)
+
+    def _where(self, rank: _Rank) -> str:
+        state = rank.state
+        tick, passed = state.get("tick", 0), state.get("passed", 0)
+        nxt = rank.collectives[passed] if passed < len(rank.collectives) else None
+        shown = f"before {nxt.describe()}" if nxt is not None and nxt.tick == tick else (
+            f"with {passed} collective(s) run")
+        return f"tick {tick} ({shown})"
+
+    # -- where the ranks are ------------------------------------------------------------------------
+    def ticks(self) -> dict[int, int]:
+        return {rank.rank: rank.state.get("tick", 0) for rank in self.ranks}
+
+    def states(self) -> dict[int, dict]:
+        """Each rank's position: tick, end, collectives passed, waiting at one (at_fence, at_back_fence)."""
+        return {rank.rank: dict(rank.state) for rank in self.ranks}
+
+    def collectives(self, rank: int) -> list[Collective]:
+        return list(self.ranks[self._rank(rank)].collectives)
+
+    def outputs(self, rank: int) -> list[str]:
+        """The names of rank `rank`'s Program outputs."""
+        return list(self.ranks[self._rank(rank)].outputs)
+
+    # -- motions ---------------------------------------------------------------------------------------
+    def pause(self) -> None:
+        """Thread-safe: stop the running motion of every rank at its next tick."""
+        self._pause.set()
+        self._tell_all({"op": "pause"})
+
+    def interrupt(self) -> None:
+        """Thread-safe: stop the evaluation a rank runs now (each reads this at once, even while busy)."""
+        self._tell_all({"op": "interrupt"})
+
+    def _tell_all(self, message: dict) -> None:
+        for rank in self.ranks:
+            if rank.gone is None:
+                try:
+                    with self._send_lock:
+                        rank.pipe.send(message)
+                except PipeClosed:
+                    pass
+
+    def run(self, direction: Direction = Direction.FORWARD) -> CutStop:
+        """Continue (or reverse-continue) every rank until one stops for a reason of its own (a breakpoint, a
+        pause) or the ranks' collectives do not match; collectives on the way run with every rank."""
+        return self._move(direction, "continue", repeat=True)
+
+    def step(self, direction: Direction = Direction.FORWARD, kind: str = "next", rank: int = 0) -> CutStop:
+        """One step of every rank that may move (next, stepIn, stepOut by source line; node: one node): a rank
+        waiting at a collective stays until its peers reach it; when all wait at it, the step runs it. The stop
+        is about `rank` when it moved and stopped for no reason of another rank's."""
+        if kind not in MOTIONS or kind == "continue":
+            raise RewindError(f"unknown step '{echo(str(kind))}': next, stepIn, stepOut or node")
+        return self._move(direction, kind, repeat=False, about=self._rank(rank))
+
+    def _move(self, direction: Direction, kind: str, repeat: bool, about: int = 0) -> CutStop:
+        forward = direction is Direction.FORWARD
+        while True:
+            if self._pause.is_set():
+                return self._stopped(CutStop("pause", "paused", None))
+            movers, allow, blocked = self._movers(forward)
+            if blocked is not None:
+                return self._stopped(CutStop("exception", blocked[0], blocked[1], finding=True))
+            if not movers:
+                return self._stopped(CutStop("end", "end of program", None) if forward
+                                     else CutStop("entry", "beginning of the program", None))
+            message = {"op": "motion", "motion": kind, "direction": direction.value, "allow": allow}
+            try:
+                replies = self._ask({r: message for r in movers}, self.timeout_s, f"running {kind}", moves=True)
+            except RankTrouble as trouble:
+                return self._stopped(CutStop("exception", str(trouble), trouble.rank, finding=True))
+            own = [r for r in movers if replies[r]["stop"]["reason"] not in _ENDED]
+            if own or not repeat:  # a step's stop is about `about`, unless a rank stopped for more than a step
+                notable = [r for r in own if replies[r]["stop"]["reason"] != "step"]
+                r = (notable or [m for m in movers if m == about] or own or movers)[0]
+                stop = replies[r]["stop"]
+                reason = "step" if stop["reason"] in _ENDED else stop["reason"]
+                return self._stopped(CutStop(reason, f"rank {r}: {self._said(self.ranks[r], stop)}", r,
+                                             breakpoints=list(stop["breakpoints"])))
+
+    def _said(self, rank: _Rank, stop: dict) -> str:
+        """Why a rank's motion stopped, in words: at a collective, its own words, else its reason."""
+        if stop["reason"] == "collective":
+            passed, collectives = rank.state["passed"], rank.collectives
+            if rank.state["at_fence"]:
+                return f"waits before {collectives[passed].describe()}"
+            return f"waits after {collectives[passed - 1].describe()}"
+        return stop["description"] or stop["reason"]
+
+    def _movers(self, forward: bool) -> tuple[list[int], int | None, tuple[str, int] | None]:
+        """The ranks that move now, the collective they cross together (or None), and why none may (a mismatch:
+        words and the rank it is about)."""
+        states = {rank.rank: rank.state for rank in self.ranks}
+        if forward:
+            done = [r for r, s in states.items() if s["tick"] >= s["end"]]
+            waiting = [r for r, s in states.items() if s["at_fence"]]
+        else:
+            done = [r for r, s in states.items() if s["tick"] == 0]
+            waiting = [r for r, s in states.items() if s["at_back_fence"]]
+        free = [r for r in states if r not in done and r not in waiting]
+        if free or not waiting:
+            return free, None, None
+        if forward:  # every rank waits before a collective, or has reached its end: do they match?
+            passed = {r: s["passed"] for r, s in states.items()}
+            nxt = {r: (self.ranks[r].collectives[passed[r]] if r in waiting else None) for r in states}
+            found = mismatch(nxt, passed)
+            if found is not None:
+                return [], None, found
+            return waiting, passed[waiting[0]], None
+        return waiting, states[waiting[0]]["passed"] - 1, None
+
+    def goto(self, tick: int, rank: int = 0) -> CutStop:
+        """Rank `rank` to `tick`; every other rank to a consistent cut with it (collectives between crossed with
+        every rank, in order, forward or back)."""
+        r = self._rank(rank)
+        end = self.ranks[r].state["end"]
+        if isinstance(tick, bool) or not isinstance(tick, int) or not 0 <= tick <= end:
+            raise RewindError(f"tick {echo(str(tick))} is outside rank {r}'s program (0..{end})")
+        target = sum(1 for c in self.ranks[r].collectives if c.tick < tick)
+        try:
+            while self.ranks[0].state["passed"] < target:
+                blocked = self._cross(Direction.FORWARD)
+                if blocked is not None:
+                    return self._stopped(blocked)
+            while self.ranks[0].state["passed"] > target:
+                self._cross(Direction.REVERSE)
+            self._ask({r: {"op": "goto", "tick": tick}}, self.timeout_s, "going to a tick", moves=True)
+        except RankTrouble as trouble:
+            return self._stopped(CutStop("exception", str(trouble), trouble.rank, finding=True))
+        return self._stopped(CutStop("goto", f"rank {r} at tick {tick}", r))
+
+    def _cross(self, direction: Direction) -> CutStop | None:
+        """Every rank to its next collective (forward) or right after its last one (back), then across it
+        together; a mismatch stops short, before any rank runs it."""
+        forward = direction is Direction.FORWARD
+        where = {}
+        for rank in self.ranks:
+            n = rank.state["passed"]
+            if forward and n >= len(rank.collectives):
+                where[rank.rank] = rank.state["end"]
+            else:
+                where[rank.rank] = rank.collectives[n].tick if forward else rank.collectives[n - 1].tick + 1
+        self._ask({r: {"op": "goto", "tick": t} for r, t in where.items()}, self.timeout_s, "going to a collective",
+                  moves=True)
+        movers, allow, blocked = self._movers(forward)
+        if blocked is not None:
+            return CutStop("exception", blocked[0], blocked[1], finding=True)
+        self._ask({r: {"op": "motion", "motion": "node", "direction": direction.value, "allow": allow}
+                   for r in movers}, self.timeout_s, "running a collective", moves=True)
+        return None
+
+    def _stopped(self, stop: CutStop) -> CutStop:
+        self._pause.clear()
+        stop.ticks = self.ticks()
+        self.last_stop = stop
+        return stop
+
+    # -- breakpoints and inspection, per rank ---------------------------------------------------------
+    def set_line_breakpoints(self, file: str, lines: list[int]) -> dict[int, list[dict]]:
+        """Line breakpoints in `file` on every rank (each rank binds them to its own Program)."""
+        message = {"op": "breakpoints", "file": str(file), "lines": [int(x) for x in lines]}
+        return self._ask({r: message for r in range(self.world_size)}, self.timeout_s, "setting breakpoints")
+
+    def values(self, rank: int) -> dict[str, dict]:
+        """The live values at rank `rank`'s position, each with its stats."""
+        return self._one(rank, {"op": "values"})
+
+    def tensor(self, rank: int, name: str) -> dict:
+        """A value of rank `rank`: dtype, shape, its elements and its bytes."""
+        return self._one(rank, {"op": "tensor", "name": str(name)})
+
+    def evaluate(self, rank: int, expression: str) -> str:
+        return self._one(rank, {"op": "evaluate", "expression": str(expression)})
+
+    def locate(self, rank: int, name: str) -> dict:
+        """Where a value of rank `rank` lives (its Placement: chip, unit, memory space, address)."""
+        return self._one(rank, {"op": "locate", "name": str(name)})
+
+    def frames(self, rank: int) -> list[dict]:
+        return self._one(rank, {"op": "frames"})
+
+    def ask(self, rank: int, message: dict, doing: str) -> Any:
+        """A request of rank `rank`'s engine that the coordinator does not know (a surface's own: the ranks of
+        dap_server/engine.py answer DAP requests); `doing` says what it is, in words, should it fail."""
+        r = self._rank(rank)
+        return self._ask({r: message}, self.timeout_s, doing)[r]
+
+    def ask_all(self, message: dict, doing: str) -> dict[int, Any]:
+        """`message` to every rank; their answers by rank."""
+        return self._ask({r: message for r in range(self.world_size)}, self.timeout_s, doing)
+
+    def _one(self, rank: int, message: dict) -> Any:
+        return self.ask(rank, message, f"answering {message['op']}")
+
+    def _rank(self, rank: Any) -> int:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
+            raise RewindError(f"no rank {echo(str(rank))}: this session has ranks 0..{self.world_size - 1}")
+        return rank
+
+
+class RankTrouble(RewindError):
+    """A rank is gone or did not answer in time; the words name every rank's position."""
+
+    def __init__(self, message: str, rank: int):
+        super().__init__(message)
+        self.rank = rank
+
+
+def _checked_ranks(ranks: Any) -> int:
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or not 1 <= ranks <= MAX_RANKS:
+        raise RewindError(f"ranks is the number of processes of the torch.distributed program, a whole number from "
+                          f"1 to {MAX_RANKS}; got {echo(repr(ranks))}")
+    return ranks
+
+
+def _checked_seconds(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 86400:
+        raise RewindError(f"{what} is a number of seconds above 0 (at most a day); got {echo(repr(value))}")
+    return float(value)
+
+
+def _serve_store(rendezvous: str | None, world_size: int) -> tuple[Any, str]:
+    """The TCPStore the ranks meet at: `rendezvous` (host:port), else $MASTER_ADDR:$MASTER_PORT, else a free port on
+    loopback. Returns the store and its host:port."""
+    given = rendezvous or (f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ['MASTER_PORT']}"
+                           if os.environ.get("MASTER_PORT") else "127.0.0.1:0")
+    host, _, port_text = given.rpartition(":")
+    if not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise RewindError(f"rendezvous '{echo(given)}' is not host:port (such as 127.0.0.1:29500)")
+    try:
+        store = dist.TCPStore(host, int(port_text), world_size + 1, is_master=True, wait_for_workers=False,
+                              timeout=timedelta(seconds=60))
+    except (RuntimeError, OSError, ValueError) as exc:
+        raise RewindError(f"cannot serve the ranks' rendezvous at {echo(given)}: {str(exc).strip()}") from None
+    return store, f"{host}:{store.port}"
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:  # it ended meanwhile
+        pass

@@ -1,0 +1,171 @@
+"""A session of many ranks with the Session's interface, for a surface (the DAP adapter) to drive when a launch asks
+for `ranks` (docs/ranks.md).
+
+Its motions are the Coordinator's: every rank moves, each stop is a consistent cut, and it ends in one Stopped event
+about one rank (its unit is the rank). A mismatch between the ranks' collectives, or a rank that does not answer,
+is an exception stop of the coordinator's own: the `hang` finding (the hang it prevented), whose words
+`exception_info()` gives. Everything about one rank's values is asked of that rank's engine (`ask`), which answers
+with a Session of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from hardware.errors import RewindError
+from hardware.events import ExceptionDetails, Output, SessionEvent, Stopped
+from hardware.ranks.coordinator import Coordinator, CutStop
+from hardware.ranks.launcher import RankLauncher
+from hardware.session.state import LaunchOptions
+from hardware.ticks import Direction, Stop, Tick
+
+_STEPS = {"over": "next", "in": "stepIn", "out": "stepOut"}
+
+
+class RankedSession:
+    def __init__(self, on_event: Callable[[SessionEvent], None], launcher_module: str = "hardware.ranks.worker",
+                 hello: dict | None = None):
+        """`launcher_module`: the module whose `--rank-launcher` forks the ranks (their engine decides what they
+        answer); `hello`: a message every rank is sent once it has loaded its program (the surface's settings)."""
+        self.on_event = on_event
+        self.coordinator: Coordinator | None = None
+        self.last_stop: Stop | None = None
+        self.line_breakpoints: dict = {}  # none kept here: each rank binds breakpoints to its own Program
+        self._launcher_module, self._hello = launcher_module, hello
+        self._launcher: RankLauncher | None = None
+        self._stop_on_entry = False
+        self.timeout_s = 60.0  # a rank that does not answer a motion within it is reported, with every position
+
+    # -- loading ------------------------------------------------------------------------------------------
+    def launch(self, options: LaunchOptions) -> None:
+        """Start `options.ranks` ranks on the program, each stopped on entry (a relaunch ends the previous ranks;
+        the launcher stays for the next)."""
+        _refuse_unsupported(options)
+        self._close_ranks()
+        if self._launcher is None:
+            self._launcher = RankLauncher(self._launcher_module)
+        self.coordinator = Coordinator(options.program, options.ranks, entry=options.entry,
+                                       budget_mb=options.budget_mb, timeout_s=self.timeout_s,
+                                       launcher=self._launcher, on_notes=self._notes)
+        self._stop_on_entry = options.stop_on_entry
+        if self._hello is not None:
+            self.coordinator.ask_all(self._hello, "taking the session's settings")
+        self.last_stop = self._stop(self.coordinator.last_stop)
+
+    @property
+    def loaded(self) -> bool:
+        return self.coordinator is not None
+
+    def units(self) -> list[str]:
+        return [f"rank {r}" for r in range(self.coordinator.world_size)] if self.coordinator is not None else []
+
+    def end_of(self, rank: int) -> int:
+        """The last position of rank `rank`'s Program."""
+        return self._ranks().states()[rank]["end"]
+
+    def ask(self, rank: int, message: dict, doing: str) -> Any:
+        return self._ranks().ask(rank, message, doing)
+
+    def ask_all(self, message: dict, doing: str) -> dict[int, Any]:
+        return self._ranks().ask_all(message, doing)
+
+    # -- motions: each ends in one Stopped event ------------------------------------------------------------
+    def start(self) -> None:
+        """After configuration: stay on entry, or run every rank to the first stop."""
+        if self._stop_on_entry:
+            self._emit(CutStop("entry", "stopped on entry", None, self._ranks().ticks()))
+        else:
+            self.run(Direction.FORWARD)
+
+    def restart(self) -> None:
+        """Every rank back to its beginning (a goto puts one rank there, the others in the same segment)."""
+        for rank in range(self._ranks().world_size):
+            self._ranks().goto(0, rank)
+        self._emit(CutStop("entry", "back at the beginning", None, self._ranks().ticks()))
+
+    def run(self, direction: Direction = Direction.FORWARD) -> None:
+        self._emit(self._ranks().run(direction))
+
+    def step(self, direction: Direction, granularity: str = "statement", kind: str = "over", unit: int | None = None,
+             single_thread: bool = False) -> None:
+        """Every rank steps (a line, or one node at instruction granularity); the stop is about rank `unit`.
+        Stepping one rank alone (`single_thread`) is not supported yet: a surface refuses it before."""
+        motion = "node" if granularity == "instruction" else _STEPS[kind]
+        self._emit(self._ranks().step(direction, motion, rank=unit or 0))
+
+    def goto(self, tick: int, rank: int = 0) -> None:
+        """Rank `rank` to `tick`, every other rank to the consistent cut around it."""
+        self._emit(self._ranks().goto(tick, rank))
+
+    def pause(self) -> None:
+        if self.coordinator is not None:
+            self.coordinator.pause()
+
+    def interrupt(self) -> None:
+        if self.coordinator is not None:
+            self.coordinator.interrupt()
+
+    def exception_info(self) -> ExceptionDetails:
+        stop = self.last_stop
+        if stop is None or stop.exception is None:
+            raise RewindError("not stopped on an exception of the ranks (a mismatch of their collectives, or a "
+                              "rank that did not answer)")
+        return stop.exception
+
+    def close(self) -> None:
+        self._close_ranks()
+        if self._launcher is not None:
+            self._launcher.close()
+            self._launcher = None
+
+    # -- helpers ------------------------------------------------------------------------------------------------
+    def _ranks(self) -> Coordinator:
+        if self.coordinator is None:
+            raise RewindError("no program is loaded: launch it with ranks first")
+        return self.coordinator
+
+    def _close_ranks(self) -> None:
+        if self.coordinator is not None:
+            self.coordinator.close()
+            self.coordinator = None
+
+    def _notes(self, rank: int, notes: list[str]) -> None:
+        for note in notes:
+            self.on_event(Output(f"rank {rank}: {note}\n", "log"))
+
+    def _emit(self, cut: CutStop) -> None:
+        self.last_stop = self._stop(cut)
+        self.on_event(Stopped(cut.reason, self.last_stop.description, tuple(cut.breakpoints), self.last_stop.unit))
+
+    def _stop(self, cut: CutStop) -> Stop:
+        """The Stop of a cut: about its rank (rank 0 when it is about every rank); its words say every rank's
+        position (a finding's words say them already)."""
+        rank = cut.rank if cut.rank is not None else 0
+        where = ", ".join(f"rank {r} at tick {t}" for r, t in sorted(cut.ticks.items()))
+        description = cut.description if cut.finding else f"{cut.description} ({where})"
+        return Stop(cut.reason, Tick(cut.ticks.get(rank, 0)), description, list(cut.breakpoints),
+                    exception=self._finding(cut, description) if cut.finding else None, unit=rank)
+
+    def _finding(self, cut: CutStop, description: str) -> ExceptionDetails:
+        """A mismatch or a rank that did not answer, as exception details: the collective the stop's rank is
+        about to call, when it waits at one."""
+        coordinator = self._ranks()
+        rank = cut.rank if cut.rank is not None else 0
+        state = coordinator.states()[rank]
+        collectives = coordinator.collectives(rank)
+        nxt = collectives[state["passed"]] if state.get("at_fence") else None
+        return ExceptionDetails(filter="hang", node=nxt.node if nxt else "", op=nxt.op if nxt else "",
+                                source=nxt.where if nxt else None, value=nxt.value if nxt else "", count=0,
+                                first_index=None, inputs={},
+                                evidence={"message": description, "rank": rank, "ticks": dict(cut.ticks)})
+
+
+def _refuse_unsupported(options: LaunchOptions) -> None:
+    """What a launch with ranks cannot do yet, said before any rank starts."""
+    unsupported = [(options.trace, "opening a trace"), (options.record, "recording a trace"),
+                   (options.steps != 1, "training steps (steps)"), (options.faults, "sim chip faults"),
+                   (options.driver not in ("auto", "torch:cpu"), f"the driver '{options.driver}' (ranks run on "
+                                                                   "the CPU, with gloo)")]
+    said = [words for present, words in unsupported if present]
+    if said:
+        raise RewindError(f"{', '.join(said)} with ranks is not supported yet")

@@ -1,0 +1,253 @@
+"""One rank's engine: a process that joins the torch.distributed process group, loads the model file as its rank,
+and runs a Session over it at the coordinator's word (docs/ranks.md). `python -m hardware.ranks.worker
+--rank-launcher FD` is the rank launcher (hardware/ranks/launcher.py) that forks these processes.
+
+Its motions stop at its next collective (a function breakpoint on each collective op, the fence): the
+coordinator lets a rank cross one only when every rank has reached a matching one (the Ledger refuses any
+other, so no motion of this rank alone can block in a collective). "pause", "interrupt" and "close" are read at
+once by a thread of their own; a close, or the coordinator gone, ends the process even while it waits in a collective.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import os
+import queue
+import sys
+import threading
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from hardware.errors import RewindError
+from hardware.events import Output
+from hardware.ranks.collectives import Collective, Ledger, collectives_of
+from hardware.ranks.launcher import serve
+from hardware.ranks.pipe import Pipe, PipeClosed
+from hardware.session.session import FunctionSpec, LaunchOptions, LineSpec, Session
+from hardware.ticks import Direction, Stop
+from hardware.torch_tensors import COLLECTIVES
+
+GROUP_TIMEOUT_S = 300.0  # the gloo group's own timeout: a last safety net (the coordinator lets no rank block)
+CLOSE_GRACE_S = 1.0  # a close waits this long for the session to close (a recording to be finished)
+MAX_ELEMENTS = 1 << 16  # of one tensor sent whole to the coordinator
+_KINDS = {"next": "over", "stepIn": "in", "stepOut": "out"}
+
+
+class RankEngine:
+    def __init__(self, rank: int, world_size: int, session: Session | None = None):
+        """`session`: one made by a surface of its own (its events go to that surface); else a Session whose output
+        becomes this rank's notes."""
+        self.rank, self.world_size = rank, world_size
+        self.notes: list[str] = []
+        self.session = session if session is not None else Session(on_event=self._event)
+        self.ledger = Ledger(rank)
+        self.collectives: list[Collective] = []
+        self._fences: set[int] = set()
+
+    def _event(self, event: Any) -> None:
+        if isinstance(event, Output) and len(self.notes) < 100:
+            self.notes.append(event.text.rstrip())
+
+    # -- launch ---------------------------------------------------------------------------------
+    def launch(self, options: dict) -> dict:
+        s = self.session
+        s.launch(LaunchOptions(program=options["program"], entry=options.get("entry", "build"),
+                               driver="torch:cpu", budget_mb=float(options.get("budget_mb", 1024.0)),
+                               stop_on_entry=True))
+        self.collectives = collectives_of(s.program, s.tl.node_tick)
+        self._fence([])
+        return {"collectives": [c.to_dict() for c in self.collectives], "outputs": list(s.program.outputs),
+                **self.state(None)}
+
+    def _fence(self, user: list[FunctionSpec]) -> list:
+        """The user's function breakpoints and one on each collective op, which stops a motion before it."""
+        ops = sorted({self.session.tl.node_at(c.tick).op for c in self.collectives})
+        bps = self.session.set_function_breakpoints(user + [FunctionSpec(op) for op in ops])
+        self._fences = {bp.id for bp in bps[len(user):]}
+        return bps[:len(user)]
+
+    # -- where this rank is --------------------------------------------------------------------
+    def state(self, stop: Stop | None, fenced: bool = False) -> dict:
+        """Where this rank is: its position, the collectives it has passed, whether it waits at one (before it
+        going forward, right after it going back) and, after a motion, why it stopped ("collective": at a fence)."""
+        tl = self.session.tl
+        ticks = [c.tick for c in self.collectives]
+        passed = bisect.bisect_left(ticks, tl.position)
+        out = {"tick": tl.position, "end": tl.end, "passed": passed, "calls": self.ledger.calls,
+               "recomputed": tl.recomputed, "replayed": self.ledger.replayed,
+               "at_fence": passed < len(ticks) and ticks[passed] == tl.position,
+               "at_back_fence": passed > 0 and ticks[passed - 1] + 1 == tl.position}
+        if stop is not None:
+            fenced = fenced or (bool(stop.breakpoint_ids) and set(stop.breakpoint_ids) <= self._fences)
+            out["stop"] = {"reason": "collective" if fenced else stop.reason, "description": stop.description,
+                           "breakpoints": [i for i in stop.breakpoint_ids if i not in self._fences]}
+        return out
+
+    # -- requests --------------------------------------------------------------------------------
+    def handle(self, message: dict) -> Any:
+        op = message.get("op")
+        handler: Callable[[dict], Any] | None = getattr(self, f"do_{op}", None) if isinstance(op, str) else None
+        if handler is None:
+            raise RewindError(f"unknown request '{op}'")
+        return handler(message)
+
+    def do_motion(self, m: dict) -> dict:
+        """A motion that stops at this rank's next collective: going forward before it, unless `allow` lets it run
+        that one (every rank has reached it); going back right after it, unless `allow` lets it go back across."""
+        s = self.session
+        direction = Direction(m["direction"])
+        allow = m.get("allow")
+        start = s.tl.position
+        if allow is not None and direction is Direction.FORWARD:
+            self.ledger.allowed = s.tl.node_at(self.collectives[allow].tick).index
+        try:
+            kind = m["motion"]
+            if kind == "continue":
+                stop = s.run(direction)
+            elif kind == "node":
+                stop = s.step(direction, "instruction")
+            else:
+                stop = s.step(direction, "statement", _KINDS[kind])
+        finally:
+            self.ledger.allowed = None
+        floor = self._floor(start, allow) if direction is Direction.REVERSE else None
+        if floor is not None and s.tl.position < floor:  # it went back across a collective its peers have not
+            return self.state(s.goto(floor), fenced=True)
+        return self.state(stop)
+
+    def _floor(self, start: int, allow: int | None) -> int | None:
+        """The earliest position a motion back from `start` may reach: right after the last collective before
+        `start` (before that, when `allow` names it)."""
+        last = bisect.bisect_left([c.tick for c in self.collectives], start) - 1
+        k = last - 1 if allow is not None and allow == last else last
+        return self.collectives[k].tick + 1 if k >= 0 else None
+
+    def do_goto(self, m: dict) -> dict:
+        return self.state(self.session.goto(int(m["tick"])))
+
+    def do_where(self, m: dict) -> dict:
+        return self.state(None)
+
+    def do_breakpoints(self, m: dict) -> list[dict]:
+        bps = self.session.set_line_breakpoints(m["file"], [LineSpec(int(line)) for line in m["lines"]])
+        return [{"id": bp.id, "verified": bp.verified, "line": bp.line, "message": bp.message} for bp in bps]
+
+    def do_frames(self, m: dict) -> list[dict]:
+        return [{"name": f.name, "file": f.file, "line": f.line, "module": f.module_path}
+                for f in self.session.frames()]
+
+    def do_values(self, m: dict) -> dict:
+        s = self.session
+        return {name: s.value_stats(name) for name in s.live_values()}
+
+    def do_tensor(self, m: dict) -> dict:
+        tensor = self.session.tensor(str(m["name"]))
+        if not isinstance(tensor, torch.Tensor):
+            raise RewindError(f"'{m['name']}' holds no tensor here")
+        flat = tensor.detach().cpu().reshape(-1)
+        if flat.numel() > MAX_ELEMENTS:
+            raise RewindError(f"'{m['name']}' has {flat.numel()} elements, over the {MAX_ELEMENTS} sent whole")
+        return {"dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape),
+                "values": flat.tolist(), "bytes": flat.contiguous().view(torch.uint8).tolist()}
+
+    def do_evaluate(self, m: dict) -> str:
+        value = self.session.evaluate(str(m["expression"]))
+        return str(value.tolist()) if isinstance(value, torch.Tensor) and value.numel() <= 64 else str(value)
+
+    def do_locate(self, m: dict) -> dict:
+        return self.session.locate(str(m["name"])).to_dict()
+
+    def do_close(self, m: dict) -> None:
+        self.session.close()
+
+
+def _serve(engine: RankEngine, pipe: Pipe, requests: "queue.Queue[dict]") -> None:
+    while True:
+        message = requests.get()
+        try:
+            pipe.send({"ok": True, "result": engine.handle(message), "notes": _drain(engine.notes)})
+        except RewindError as exc:
+            pipe.send({"ok": False, "error": str(exc), "notes": _drain(engine.notes)})
+        except Exception as exc:  # the user's code or torch failing mid-motion: this rank says what, and stays
+            pipe.send({"ok": False, "error": f"rank {engine.rank} failed: {str(exc).strip() or 'no reason given'}",
+                       "notes": _drain(engine.notes)})
+        if message.get("op") == "close":
+            return
+
+
+def _drain(notes: list[str]) -> list[str]:
+    out = list(notes)
+    notes.clear()
+    return out
+
+
+def _read(pipe: Pipe, engine: RankEngine, requests: "queue.Queue[dict]") -> None:
+    """Reads the coordinator's messages: a pause reaches the running motion at once; the coordinator gone ends
+    this process, whatever it is doing (a collective whose peers are gone never returns)."""
+    while True:
+        try:
+            message = pipe.receive()
+        except (PipeClosed, OSError):
+            _leave(0)
+        if message.get("op") == "pause":
+            engine.session.pause()
+            continue
+        if message.get("op") == "interrupt":  # an evaluation running now stops
+            engine.session.interrupt()
+            continue
+        requests.put(message)
+        if message.get("op") == "close":  # a rank busy in the user's code or a collective leaves all the same
+            threading.Timer(CLOSE_GRACE_S, _leave, (0,)).start()
+
+
+def _leave(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _join(rank: int, world_size: int, store: str, timeout_s: float) -> None:
+    host, _, port = store.rpartition(":")
+    tcp = dist.TCPStore(host, int(port), world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group("gloo", store=tcp, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout_s))
+
+
+def run_rank(engine: RankEngine, store: str, pipe: Pipe) -> int:
+    """A rank's life in its process: join the process group, load its program as the coordinator's first message
+    says, then answer the coordinator until it closes. Returns the process's exit code."""
+    first = pipe.receive()
+    COLLECTIVES.set(engine.ledger.run)
+    try:
+        _join(engine.rank, engine.world_size, store, GROUP_TIMEOUT_S)
+        result = engine.launch(first)
+    except RewindError as exc:
+        pipe.send({"ok": False, "error": str(exc), "notes": engine.notes})
+        return 1
+    except Exception as exc:  # the process group could not form (a peer gone, the store unreachable)
+        pipe.send({"ok": False, "error": f"rank {engine.rank} could not join its peers: {str(exc).strip()}",
+                   "notes": engine.notes})
+        return 1
+    pipe.send({"ok": True, "result": result, "notes": _drain(engine.notes)})
+    requests: "queue.Queue[dict]" = queue.Queue()
+    threading.Thread(target=_read, args=(pipe, engine, requests), daemon=True, name="rewind-rank-pipe").start()
+    _serve(engine, pipe, requests)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m hardware.ranks.worker",
+                                     description="The launcher of a Rewind session's ranks; started by the "
+                                                 "coordinator, not by hand.")
+    parser.add_argument("--rank-launcher", type=int, required=True, metavar="FD")  # the socket to the coordinator
+    args = parser.parse_args(argv)
+    serve(lambda rank, world_size, store, pipe: run_rank(RankEngine(rank, world_size), store, pipe),
+          args.rank_launcher)
+
+
+if __name__ == "__main__":
+    main()

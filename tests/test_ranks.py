@@ -1,0 +1,178 @@
+"""Many ranks on torch.distributed (hardware/ranks/): real rank processes in one gloo process group, driven by the
+coordinator. One rank launcher serves the module (it imports torch once and forks every launch's ranks), and one
+group per model is started for the module."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+
+import psutil
+import pytest
+import torch
+
+from hardware.errors import RewindError
+from hardware.ranks.coordinator import Coordinator
+from hardware.ranks.launcher import RankLauncher
+from hardware.ticks import Direction
+from tests.conftest import EXAMPLES, MODELS, line_of
+
+pytestmark = pytest.mark.timeout(240)  # a deadlock fails the test instead of hanging the suite
+TENSOR_PARALLEL = EXAMPLES / "tensor_parallel.py"
+RANKS = MODELS / "ranks"
+
+
+def _example():
+    spec = importlib.util.spec_from_file_location("tensor_parallel_example", TENSOR_PARALLEL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _gone(pids: list[int]) -> bool:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture(scope="module")
+def launcher():
+    launcher = RankLauncher()
+    yield launcher
+    launcher.close()
+
+
+@pytest.fixture(scope="module")
+def four(launcher):
+    """The tensor-parallel example on 4 ranks, with a ring so small that values are recomputed when read back."""
+    with Coordinator(str(TENSOR_PARALLEL), 4, budget_mb=0.0005, timeout_s=120, launcher=launcher) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def skipped(launcher):
+    with Coordinator(str(RANKS / "skipped_collective.py"), 2, timeout_s=120, launcher=launcher) as c:
+        yield c
+
+
+def _bytes(c: Coordinator, name_of) -> dict[int, list[int]]:
+    return {r: c.tensor(r, name_of(r))["bytes"] for r in range(c.world_size)}
+
+
+def test_tensor_parallel_output_equals_one_process(four):
+    stop = four.run()
+    assert stop.reason == "end" and set(stop.ticks) == {0, 1, 2, 3}
+    expected = _example().reference()
+    for r in range(4):
+        got = four.tensor(r, four.outputs(r)[0])
+        assert got["shape"] == list(expected.shape)
+        assert torch.allclose(torch.tensor(got["values"]).reshape(expected.shape), expected, atol=1e-5)
+
+
+def test_every_motion_stops_at_a_consistent_cut(four):
+    four.goto(0)
+    seen = []
+    for motion in [lambda: four.step(), lambda: four.step(kind="node")] * 6 + [
+            lambda: four.step(Direction.REVERSE), lambda: four.run(Direction.REVERSE), lambda: four.run()]:
+        motion()
+        states = four.states()
+        assert len({s["passed"] for s in states.values()}) == 1, states  # the same collectives run on every rank
+        seen.append(states[0]["passed"])
+    assert max(seen) == 2 and 0 in seen
+
+
+def test_step_back_across_a_collective_is_bit_identical_on_every_rank(four):
+    four.run()
+    summed = {r: four.collectives(r)[1] for r in range(4)}  # the second all_reduce
+    after = summed[0].tick + 1
+    wait_of = lambda r: summed[r].value  # noqa: E731  (its result on rank r)
+    four.goto(after, 0)
+    before = _bytes(four, wait_of)
+    calls = {r: s["calls"] for r, s in four.states().items()}
+    four.goto(summed[0].tick - 1, 0)  # back across the collective
+    assert all(s["passed"] == 1 for s in four.states().values())
+    four.goto(after, 0)  # and forward again: the recorded run, not a second all_reduce
+    assert _bytes(four, wait_of) == before
+    states = four.states()
+    assert {r: s["calls"] for r, s in states.items()} == calls
+    assert all(s["recomputed"] > 0 for s in states.values())  # values evicted by the tiny ring were recomputed,
+    assert all(s["replayed"] > 0 for s in states.values())  # a collective's from its recorded result
+    assert len({bytes(b) for b in before.values()}) == 1  # an all_reduce leaves every rank the same sum
+
+
+def test_a_skipped_collective_stops_every_rank_before_any_blocks(skipped):
+    started = time.monotonic()
+    stop = skipped.run()
+    assert time.monotonic() - started < 60  # no deadlock: a hang would sit until the gloo timeout
+    model = RANKS / "skipped_collective.py"
+    assert stop.reason == "exception"
+    assert (f"rank 0 calls all_reduce #2 (float32[4], sum) at skipped_collective.py:{line_of(model, '# SKIPPED')}"
+            in stop.description)
+    assert (f"rank 1 calls all_gather_into_tensor #2 (float32[4]) at "
+            f"skipped_collective.py:{line_of(model, '# GATHER')}") in stop.description
+    states = skipped.states()
+    assert all(s["passed"] == 1 and s["at_fence"] for s in states.values())
+    assert all(s["calls"] == 1 for s in states.values())  # neither ran its mismatched collective
+    assert skipped.values(1)  # every rank alive and inspectable
+    back = skipped.step(Direction.REVERSE)
+    assert back.reason == "step" and all(s["passed"] == 1 for s in skipped.states().values())
+    assert skipped.run(Direction.REVERSE).reason == "entry"
+
+
+@pytest.mark.parametrize("ranks", [0, -1, 1000, True, "2"])
+def test_a_number_of_ranks_that_is_none_is_refused(ranks):
+    with pytest.raises(RewindError, match="ranks is the number of processes"):
+        Coordinator(str(TENSOR_PARALLEL), ranks)
+
+
+def test_a_rank_that_does_not_exist_is_refused_by_name(skipped):
+    for bad in (2, -1, "one"):
+        with pytest.raises(RewindError, match=r"no rank .*ranks 0\.\.1"):
+            skipped.values(bad)
+    with pytest.raises(RewindError, match="outside rank 0's program"):
+        skipped.goto(10_000)
+
+
+def _workers() -> set[int]:
+    """The rank processes this test process has started and not yet seen end."""
+    return {p.pid for p in psutil.Process().children(recursive=True)
+            if p.status() != psutil.STATUS_ZOMBIE and "hardware.ranks.worker" in " ".join(p.cmdline())}
+
+
+def test_a_build_that_fails_on_one_rank_names_it_and_leaves_no_process(launcher):
+    before = _workers()
+    with pytest.raises(RewindError, match="rank 1: calling build.*rank 1 has no shard to load"):
+        Coordinator(str(RANKS / "fails_on_one_rank.py"), 2, launcher=launcher)
+    assert _workers() <= before
+
+
+def test_a_rank_that_exits_says_so_and_leaves_no_process_not_even_its_own_launcher():
+    before = _workers()
+    gone = r"(?s)^rank 1 ended while loading its program \(exit code 3\).*rank 1 gives up"
+    with pytest.raises(RewindError, match=gone):
+        Coordinator(str(RANKS / "exits_on_one_rank.py"), 2)  # no launcher given: one of its own
+    assert _workers() <= before
+
+
+def test_closing_ends_every_rank_process(skipped):
+    pids = skipped.pids()
+    assert all(psutil.pid_exists(p) for p in pids)
+    skipped.close()
+    assert _gone(pids)
+
+
+def test_a_rank_that_stops_making_progress_is_reported_with_every_position(launcher):
+    model = RANKS / "slow_rank.py"
+    with Coordinator(str(model), 2, timeout_s=2, launcher=launcher) as c:
+        stop = c.run()
+        assert stop.reason == "exception" and stop.rank == 1
+        assert stop.description.startswith("rank 1 did not return within 2 s while running continue, from tick 0")
+        reduce = c.collectives(0)[0]
+        assert (f"rank 0 is at tick {reduce.tick} (before all_reduce #1 (float32[2,4], sum) at "
+                f"slow_rank.py:{line_of(model, '# REDUCE')})") in stop.description
+        assert c.values(0)  # the ranks that answered stay inspectable
+        with pytest.raises(RewindError, match="rank 1 is still busy running continue"):
+            c.values(1)
