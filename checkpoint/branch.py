@@ -266,6 +266,9 @@ class Branch:
     recorder: TraceWriter | None  # a trace being recorded continuously: it records the original, not branches
     archive: Archive | None  # a trace's versions, as the Timeline saw them before the branch
     seconds: dict[Tick, float] = field(default_factory=dict)  # how long each step from `tick` on took
+    # The mutated buffers as they were at `position` (buffer -> (version, a copy)), when small enough to keep: the
+    # undo puts them back instead of recomputing the original future's last parameters and optimizer state.
+    buffers: dict[str, tuple[Tick | None, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -356,12 +356,13 @@ class Timeline:
             if not 0 <= patch.node < len(self.program.nodes):
                 raise RewindError(f"no node {patch.node} to patch (the program has {len(self.program.nodes)})")
         origin = self.position
+        held = self.store.held_buffers(origin)
         tick = min(self.node_tick[p.node] for p in patches)
         self.seek(tick)
         saved = Branch(tick, origin, self.frontier, dict(self.patches), self.log.tail(tick),
                        {n: ticks[bisect.bisect_left(ticks, tick):] for n, ticks in self.versions.items()},
                        list(self.schedule), list(self.node_tick), self.recorder, self.archive,
-                       {t: s for t, s in self.seconds.items() if t >= tick})
+                       {t: s for t, s in self.seconds.items() if t >= tick}, held)
         self.recorder = None
         if self.archive is not None:
             self.archive = ArchiveBefore(self.archive, tick)
@@ -376,19 +377,21 @@ class Timeline:
             raise RewindError("branches are undone innermost first, and each once")
         self._branches.pop()
         self.position = min(self.position, branch.tick)
-        self._truncate(branch.tick)
+        self._truncate(branch.tick, sync=False)  # the buffers are synced once, where the branch began
         self.patches, self.schedule, self.node_tick = branch.patches, branch.schedule, branch.node_tick
         self.log.extend(branch.log)
         for name, ticks in branch.versions.items():
             self.versions[name].extend(ticks)
         self.store.resync()
+        self.store.put_back_buffers(branch.buffers, branch.position)
         self.seconds.update(branch.seconds)
         self.frontier = branch.frontier
         self.recorder, self.archive = branch.recorder, branch.archive
         self.seek(branch.position)
 
-    def _truncate(self, tick: Tick) -> None:
-        """Forget everything recorded at or after `tick`: the future is about to change."""
+    def _truncate(self, tick: Tick, sync: bool = True) -> None:
+        """Forget everything recorded at or after `tick`: the future is about to change (the buffers are made to
+        hold the position's versions unless `sync` is False: the caller syncs them)."""
         if self.frontier <= tick:
             return
         self.log.truncate(tick)
@@ -398,7 +401,8 @@ class Timeline:
         self.seconds = {t: s for t, s in self.seconds.items() if t < tick}
         forget(self.driver, [s.node for s in self.schedule[tick:self.frontier] if s.node is not None])
         self.frontier = tick
-        self.store.sync_buffers(self.position)
+        if sync:
+            self.store.sync_buffers(self.position)
 
     def forget_from(self, tick: Tick) -> None:
         """Forget the recorded run from `tick` on (a driver's node will run differently): its steps

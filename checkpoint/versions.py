@@ -357,6 +357,22 @@ class VersionStore:
                 touched[step.edit.value] = None
         return touched
 
+    def held_buffers(self, position: Tick) -> dict[str, tuple[Tick | None, Any]]:
+        """Copies of the mutated buffers as they are at `position`, when it is where they were last synced and they
+        fit in a quarter of the ring's budget (else {}: they will be recomputed when needed)."""
+        if self._synced != position or not self.physical:
+            return {}
+        if sum(self.driver.storage(t)[1] for t in self.physical.values()) > self.budget // 4:
+            return {}
+        return {buf: (self._physical_version[buf], self.driver.clone(mem)) for buf, mem in self.physical.items()}
+
+    def put_back_buffers(self, held: dict[str, tuple[Tick | None, Any]], position: Tick) -> None:
+        """Make the buffers hold copies `held_buffers` took, where their versions at `position` are those."""
+        for buf, (version, tensor) in held.items():
+            if version is not None and self.version_at(buf, position) == version:
+                self.driver.copy_into(self.physical[buf], tensor)
+                self._physical_version[buf] = version
+
     def resync(self) -> None:
         """The versions changed other than by running forward (a trace's rows loaded): check every buffer at the
         next sync."""

@@ -15,6 +15,7 @@ from checkpoint.trace import PROGRAM, TraceError
 from hardware.errors import RewindError
 from hardware.frontends.torch_train import load_program
 from hardware.session import Direction, FunctionSpec, LaunchOptions, LineSpec, Session
+from provenance.hyperparameters import hyperparameter_patches
 from tests.conftest import EXAMPLES, MODELS, line_of, open_session
 from tests.test_trace_trust import assert_clear, build, crafted, frames_of
 
@@ -299,3 +300,17 @@ def test_a_training_trace_keeps_its_optimizer_and_refuses_one_that_is_no_class_n
         changed.write_bytes(build(crafted(frames_of(path.read_bytes()), PROGRAM, lambda p: {**p, "optimizer": bad})))
         with pytest.raises(TraceError, match="the program's optimizer .* is not the name of a class"):
             Session(None).launch(LaunchOptions(trace=str(changed)))
+
+
+def test_undoing_a_hyperparameter_branch_puts_the_last_parameters_back_without_recomputing_them(spike):
+    spike.run()
+    tl = spike.tl
+    before = {name: spike.tensor(name) for name in ("p_fit_weight", "exp_avg_sq_p_fit_bias")}
+    recomputed = tl.recomputed
+    branch = tl.branch(hyperparameter_patches(spike.program, str(SPIKE), "train_step", {"lr": 1e-4}, first=5))
+    tl.seek(tl.end)
+    assert not torch.equal(spike.tensor("p_fit_weight"), before["p_fit_weight"])  # the branch trained otherwise
+    tl.unbranch(branch)
+    assert tl.position == tl.end and tl.recomputed == recomputed  # put back, not recomputed from step 5
+    for name, value in before.items():
+        assert torch.equal(spike.tensor(name), value)
