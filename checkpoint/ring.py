@@ -142,17 +142,29 @@ class Ring:
         slack = self.budget // EVICTION_SLACK
         while not self._room(need):
             victims = self._victims_at(position, distance)
+            skipped = False
             while victims and not (self._room(need) and self.used + need + slack <= self.budget):
                 victim = victims.pop()
                 if victim not in self._slots or protect(victim) or victim == incoming:
-                    continue  # gone since the candidates were sorted, or held by the step under way
+                    skipped |= victim in self._slots  # held by the step under way: a candidate again later
+                    continue  # or gone since the candidates were sorted
                 if self.spill is not None:
                     self.spill(victim, self._slots[victim].tensor)
                 self.drop(victim)
                 self.evictions += 1
-            if not self._room(need) and not victims and not self._thin(position):
+            if self._room(need) or victims:
+                continue
+            if self._fresh or skipped:  # versions retained since the sort, or skipped now, may go before a thinning
+                self._victims_key = None
+                if self._victims_at(position, distance) and self._evictable(protect, incoming):
+                    continue
+            if not self._thin(position):
                 return False
         return True
+
+    def _evictable(self, protect: Callable[[VersionKey], bool], incoming: VersionKey) -> bool:
+        """Does the freshly sorted candidate list hold a version that may go now?"""
+        return any(k in self._slots and not protect(k) and k != incoming for k in self._victims)
 
     def _victims_at(self, position: Tick, distance: Callable[[VersionKey], tuple[int, int]]) -> list[VersionKey]:
         """The unpinned retained versions, nearest first (the farthest is popped first), for this position and

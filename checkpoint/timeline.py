@@ -22,7 +22,7 @@ from checkpoint.ring import Ring
 from checkpoint.steps import Edit, Step, edit_frame
 from checkpoint.tiers import HostTier
 from checkpoint.trace import TraceWriter
-from checkpoint.versions import INITIAL, Archive, CheckpointInfo, Lookup, Tier, VersionStore
+from checkpoint.versions import INITIAL, Archive, CheckpointInfo, Lookup, Tier, VersionStore, held_bytes
 from hardware.driver import Driver, WriteStats, cast, forget, mark, seconds_between, write_extent
 from hardware.driver import check_batch as driver_check_batch
 from hardware.errors import RewindError
@@ -356,7 +356,8 @@ class Timeline:
             if not 0 <= patch.node < len(self.program.nodes):
                 raise RewindError(f"no node {patch.node} to patch (the program has {len(self.program.nodes)})")
         origin = self.position
-        held = self.store.held_buffers(origin)
+        held = self.store.held_buffers(origin, sum(held_bytes(self.driver, {b: t for b, (_, t) in br.buffers.items()})
+                                                   for br in self._branches))
         tick = min(self.node_tick[p.node] for p in patches)
         self.seek(tick)
         saved = Branch(tick, origin, self.frontier, dict(self.patches), self.log.tail(tick),

@@ -73,6 +73,11 @@ class Owner(Protocol):
     def check_digests(self, node: Node, tick: Tick, outputs: list[Any]) -> None: ...
 
 
+def held_bytes(driver: Driver, tensors: Mapping[str, Any]) -> int:
+    """Bytes the allocations of `tensors` take."""
+    return sum(driver.storage(t)[1] for t in tensors.values())
+
+
 @dataclass
 class CheckpointInfo:
     tick: Tick
@@ -357,12 +362,13 @@ class VersionStore:
                 touched[step.edit.value] = None
         return touched
 
-    def held_buffers(self, position: Tick) -> dict[str, tuple[Tick | None, Any]]:
+    def held_buffers(self, position: Tick, held_already: int = 0) -> dict[str, tuple[Tick | None, Any]]:
         """Copies of the mutated buffers as they are at `position`, when it is where they were last synced and they
-        fit in a quarter of the ring's budget (else {}: they will be recomputed when needed)."""
-        if self._synced != position or not self.physical:
+        fit, with the `held_already` bytes other branches hold, in a quarter of the ring's budget (else {}: they
+        will be recomputed when needed). Never in a device pool's memory: the pool was sized to what is free."""
+        if self._synced != position or not self.physical or self.ring.pool is not None:
             return {}
-        if sum(self.driver.storage(t)[1] for t in self.physical.values()) > self.budget // 4:
+        if held_already + held_bytes(self.driver, self.physical) > self.budget // 4:
             return {}
         return {buf: (self._physical_version[buf], self.driver.clone(mem)) for buf, mem in self.physical.items()}
 

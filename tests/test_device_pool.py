@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hardware.drivers.torch.device_pool import ALIGN, DevicePool
-from checkpoint.ring import Ring
+from checkpoint.ring import Checkpoint, Ring
 from checkpoint.spill import PinnedSpill
 from checkpoint.tiers import HostTier
 from checkpoint.timeline import Timeline
@@ -190,3 +190,21 @@ def test_a_spilled_version_is_recomputed_or_loaded_whichever_its_measured_costs_
     before = {"recomputed": tl.recomputed, "loaded": tl.loaded}
     assert torch.equal(tl.value_version(*key), expected)
     assert {k: getattr(tl, k) - v for k, v in before.items()} == {k: int(k == path) for k in before}
+
+
+def test_a_big_version_fits_by_evicting_what_was_retained_since_the_candidates_were_sorted():
+    class Sized:
+        def __init__(self, n: int):
+            self.n = n
+
+    ring = Ring(320, lambda t: (id(t), t.n))
+    ring.checkpoints[0] = Checkpoint(0, frozenset())
+    held = []
+
+    def put(i: int, n: int) -> bool:
+        held.append(Sized(n))
+        return ring.put(("v", i), held[-1], protect=lambda k: False, distance=lambda k: (1, 1000 - k[1]),
+                        position=1000)
+
+    assert all(put(i, 32) for i in range(13))  # the 11th sorts the candidates; two more are retained after
+    assert put(99, 300) and ring.used == 300 <= ring.budget  # not refused while others could go

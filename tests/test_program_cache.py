@@ -420,3 +420,30 @@ def test_a_training_step_is_not_cached(tmp_path, monkeypatch):
     monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path))
     program = program_cache.load_program(str(TRAINING), "train_step")
     assert program.step_starts and CacheFolder.beside(TRAINING).entries() == []
+
+
+def test_a_module_level_value_read_from_the_environment_is_part_of_the_key(tmp_path, monkeypatch):
+    monkeypatch.delenv(CACHE_DIR_ENV)
+    model = tmp_path / "model.py"
+    model.write_text("import os\nimport torch\nfrom torch import nn\nSCALE = float(os.environ.get('SCALE', '1'))\n\n\n"
+                     "class Scale(nn.Module):\n    def forward(self, x):\n        return x * SCALE\n\n\n"
+                     "def build():\n    return Scale(), (torch.ones(2),)\n")
+    exports, scales = [], []
+    real = torch_export.export
+    monkeypatch.setattr(torch_export, "export", lambda *a: exports.append(a) or real(*a))
+    for scale in ("1", "3", "3"):
+        monkeypatch.setenv("SCALE", scale)
+        [node] = program_cache.load_program(str(model)).nodes
+        scales.append(node.args[1])
+    assert scales == [1.0, 3.0, 3.0] and len(exports) == 2  # the third load is the second's entry
+
+
+def test_the_cache_never_writes_through_a_link_left_in_its_folder(tmp_path, monkeypatch):
+    monkeypatch.delenv(CACHE_DIR_ENV)
+    (tmp_path / "project").mkdir()
+    model = write_project(tmp_path / "project")
+    (model.parent / ".rewind").mkdir()
+    target = tmp_path / "elsewhere.txt"
+    (model.parent / ".rewind" / ".gitignore").symlink_to(target)  # dangling: a write through it would create it
+    program_cache.load_program(str(model))
+    assert not target.exists() and len(entries(model)) == 1

@@ -121,7 +121,7 @@ class CacheFolder:
         partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
         try:
             self._mark()
-            partial.write_bytes(data)
+            _write_new(partial, data)
             os.replace(partial, target)
             for entry in self.entries():
                 if entry.path.name.startswith(model + "-") and entry.path != target:
@@ -174,8 +174,16 @@ class CacheFolder:
         if self.path.name == FOLDER.name and self.path.parent.name == FOLDER.parent.name:
             for name, text in _MARKS.items():
                 mark = self.path.parent.parent / name
-                if not mark.exists():
-                    mark.write_text(text)
+                if not os.path.lexists(mark):
+                    _write_new(mark, text.encode())
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """Write a file that must not exist yet, never through a link someone left at its name (a shared cache
+    folder): O_EXCL and O_NOFOLLOW refuse both."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
 
 
 def _made_from(file: Path) -> dict | None:

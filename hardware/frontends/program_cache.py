@@ -38,6 +38,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ConstantArgument, InputKind
@@ -132,7 +133,23 @@ class ProgramCache:
         """What the entry of this export is named by: everything its graph depends on."""
         return _digest([FORMAT, _frontend(), torch.__version__, torch.__file__, sys.version,
                         str(torch.get_default_dtype()), self.entry, self.driver, self.rank, name, sources,
-                        _built(model), _given(args, kwargs)])
+                        _built(model), _given(args, kwargs), self._globals(model)])
+
+    def _globals(self, model: torch.nn.Module) -> list:
+        """The plain module-level values of the user's files the program's code reads (a SCALE read from the
+        environment at import, a table of settings): torch.export bakes them into the graph as constants, and they
+        need not be in the files' text. The model file's module is found through its modules' classes (it is not in
+        sys.modules); the user modules it imported, through sys.modules."""
+        spaces = {id(g): g for m in model.modules()
+                  if isinstance(g := getattr(getattr(type(m), "forward", None), "__globals__", None), dict)}
+        spaces.update((id(vars(m)), vars(m)) for name in set(sys.modules) - self.loaded
+                      if (m := sys.modules.get(name)) is not None)
+        found = []
+        for space in spaces.values():
+            file = space.get("__file__")
+            if isinstance(file, str) and _project_file(file):
+                found.append([file, {k: v for k, v in space.items() if not k.startswith("__") and _plain(v)}])
+        return sorted(found, key=lambda f: f[0])
 
     def _made_from(self, key: str) -> dict:
         return {"format": FORMAT, "key": key, "model": str(self.file.resolve()), "entry": self.entry,
@@ -276,7 +293,9 @@ def _settings(obj: Any, depth: int = 0) -> dict:
 def _plain(value: Any) -> bool:
     if isinstance(value, (tuple, list)):
         return len(value) <= 64 and all(_plain(v) for v in value)
-    return value is None or isinstance(value, (bool, int, float, str, enum.Enum, torch.dtype))
+    if isinstance(value, dict):
+        return len(value) <= 64 and all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return value is None or isinstance(value, (bool, int, float, str, enum.Enum, torch.dtype, np.generic))
 
 
 def _given(args: tuple, kwargs: dict) -> list:

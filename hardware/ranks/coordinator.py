@@ -148,13 +148,18 @@ class Coordinator:
         """Send each rank its message, then wait for every answer (they work at once). A rank's refusal is a
         RewindError naming the rank; a rank gone or silent past `timeout` is a RankTrouble, which says where the
         others are (`moves`: the answers are the ranks' new states, kept as they arrive)."""
+        usable = {r: self._usable(r) for r in messages}  # every rank free before any is sent anything
+        sent: list[int] = []
         for r, message in messages.items():
-            rank = self._usable(r)
             try:
                 with self._send_lock:
-                    rank.pipe.send(message)
+                    usable[r].pipe.send(message)
             except PipeClosed:
-                self._lost(rank, doing)
+                self._gone(usable[r], doing)
+                for other in sent:  # what was sent is answered, so no later request reads its answer
+                    self._drain(self.ranks[other], timeout)
+                raise RankTrouble(self._trouble_report([r], doing), r) from None
+            sent.append(r)
         deadline = time.monotonic() + timeout
         answers, errors, trouble = {}, [], []
         for r in messages:
@@ -188,9 +193,11 @@ class Coordinator:
         if rank.gone is not None:
             raise RewindError(f"rank {r} {rank.gone}: close the session")
         if rank.busy is not None:
-            try:  # its late answer, if it has come: the rank is free again
-                rank.pipe.receive(0.0)
+            try:  # its late answer, if it has come: the rank is free again, where that answer says it is
+                late = rank.pipe.receive(0.0)
                 rank.busy = None
+                if late.get("ok") and isinstance(late.get("result"), dict) and "tick" in late["result"]:
+                    rank.state = late["result"]
             except TimeoutError:
                 raise RewindError(f"rank {r} is still busy {rank.busy}") from None
             except PipeClosed:
@@ -204,9 +211,14 @@ class Coordinator:
         how = f"exit code {code}" if code is not None else "its pipe closed"
         rank.gone = f"ended while {doing} ({how})" + (f"; its last output:\n{said}" if said else "")
 
-    def _lost(self, rank: _Rank, doing: str) -> None:
-        self._gone(rank, doing)
-        raise RankTrouble(self._trouble_report([rank.rank], doing), rank.rank)
+    def _drain(self, rank: _Rank, timeout: float) -> None:
+        """Read and drop the answer to what `rank` was sent; a rank that does not answer in time is busy with it."""
+        try:
+            rank.pipe.receive(timeout)
+        except TimeoutError:
+            rank.busy = "answering a request its peers could not take"
+        except PipeClosed:
+            self._gone(rank, "answering")
 
     def _trouble_report(self, troubled: list[int], doing: str) -> str:
         """The troubled ranks, why, then where every other (launched) rank is."""

@@ -95,7 +95,8 @@ class RankLauncher:
 
     def _reply(self, timeout_s: float) -> dict:
         ready, _, _ = select.select([self._socket], [], [], timeout_s)
-        if not ready:
+        if not ready:  # its late answer would be read by the next launch: this launcher is not used again
+            self.close()
             raise RewindError(f"the rank launcher did not start the ranks within {timeout_s:g} s")
         data = self._socket.recv(_MAX_REQUEST)
         if not data:
@@ -220,7 +221,10 @@ def _reap(children: dict[int, Path], block: bool) -> None:
         path = children.pop(pid, None)
         if path is not None:
             partial = path.with_suffix(".partial")
-            partial.write_text(str(os.waitstatus_to_exitcode(status)))
-            partial.rename(path)
+            try:
+                partial.write_text(str(os.waitstatus_to_exitcode(status)))
+                partial.rename(path)
+            except OSError:  # the session's folder is gone: nobody asks how the rank ended
+                pass
         if block:
             return

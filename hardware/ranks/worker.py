@@ -172,6 +172,9 @@ def _serve(engine: RankEngine, pipe: Pipe, requests: "queue.Queue[dict]") -> Non
             pipe.send({"ok": True, "result": engine.handle(message), "notes": _drain(engine.notes)})
         except RewindError as exc:
             pipe.send({"ok": False, "error": str(exc), "notes": _drain(engine.notes)})
+        except KeyError as exc:  # a missing key's message is only its repr: say what it was
+            pipe.send({"ok": False, "error": f"rank {engine.rank} failed: nothing is named {exc}",
+                       "notes": _drain(engine.notes)})
         except Exception as exc:  # the user's code or torch failing mid-motion: this rank says what, and stays
             pipe.send({"ok": False, "error": f"rank {engine.rank} failed: {str(exc).strip() or 'no reason given'}",
                        "notes": _drain(engine.notes)})
