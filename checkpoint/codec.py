@@ -21,7 +21,7 @@ from typing import Any, get_args
 import lz4.block
 import torch
 
-from hardware import optimizer_ops
+from hardware import optimizer_ops  # noqa: F401  (it registers rewind::adam_update: a trace's nodes may name it)
 from hardware.errors import RewindError
 from hardware.program import Frame, Node, Phase, Program, Ref, SourceLoc, ValueInfo
 
@@ -200,9 +200,6 @@ class _Unavailable:
 # Attributes of torch.ops that are not operator namespaces: its methods (import_module, load_library) and state.
 _NOT_NAMESPACES = (frozenset(n for n in dir(type(torch.ops)) if not n.startswith("__"))
                    | {"higher_order", "loaded_libraries", "_dir"})
-
-
-OWN_OPS = optimizer_ops.OPS  # Rewind's own operators, registered when imported: a trace's nodes may name them
 
 
 @functools.lru_cache(maxsize=4096)

@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from hardware.program import Node
 
 ADAM_UPDATE = "rewind.adam_update.default"
-OPS = (ADAM_UPDATE,)  # what this module registers
 # The hyperparameters the operator takes, by torch.optim's names where they are one number.
 ADAM_ARGUMENTS = ("lr", "beta1", "beta2", "eps", "weight_decay", "decoupled", "maximize")
 
