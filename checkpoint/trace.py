@@ -548,15 +548,22 @@ class _Truncated(TraceError):
 
 def _unpack(data: bytes, offset: int, kind: int, path: Path | None = None) -> Any:
     where = f"trace {path}: " if path is not None else ""
-    try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=False)
-    except msgpack.StackError:
-        problem = "it nests too deeply"
-    except msgpack.ExtraData:
-        problem = "it has bytes after its end"
-    except (ValueError, TypeError, OverflowError, MemoryError, RecursionError):  # msgpack's own: malformed data
-        problem = "it is not valid msgpack"
+    value, problem = unpacked(data, strict_map_key=False)
+    if problem is None:
+        return value
     raise TraceError(f"{where}{KIND_NAMES.get(kind, kind)} frame at offset {offset} does not decode: {problem}")
+
+
+def unpacked(data: bytes, **options: Any) -> tuple[Any, str | None]:
+    """msgpack's value of untrusted bytes, or None and what is wrong with them in words."""
+    try:
+        return msgpack.unpackb(data, raw=False, **options), None
+    except msgpack.StackError:
+        return None, "it nests too deeply"
+    except msgpack.ExtraData:
+        return None, "it has bytes after its end"
+    except (ValueError, TypeError, OverflowError, MemoryError, RecursionError):  # msgpack's own: malformed data
+        return None, "it is not valid msgpack"
 
 
 def _show(value: Any, limit: int = 80) -> str:

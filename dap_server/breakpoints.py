@@ -15,6 +15,7 @@ from dap_server.requests import Arguments, capability, request
 from dap_server.sources import SourceRef, source_path
 from dap_server.variables import Entry, TensorSlice, Values, stats_text
 from hardware.errors import RewindError, brief, echo
+from hardware.ranks.numerics import REPLICAS
 from hardware.session.breakpoints import DataSpec, FunctionSpec, LineSpec
 from hardware.session.exception_filters import LOSS_SPIKE, SPIKE_FACTOR, check_condition
 
@@ -47,9 +48,9 @@ EXCEPTION_FILTERS += [
      "conditionDescription": f"k=N: a loss more than N times the running median is a spike (k={SPIKE_FACTOR:g} "
                              "without a condition)"},
 ]
-EXCEPTION_KINDS = {"nan": "NaN", "inf": "Inf", "divergence": "Divergence", "race": "Race",
-                   "hang": "Hang", LOSS_SPIKE: "LossSpike"}  # exceptionInfo typeName, stopped text
-_SAID_IN_EVIDENCE = ("race", "hang", LOSS_SPIKE)  # findings whose evidence says it all (exceptionInfo's stackTrace)
+EXCEPTION_KINDS = {"nan": "NaN", "inf": "Inf", "divergence": "Divergence", "race": "Race", "hang": "Hang",
+                   LOSS_SPIKE: "LossSpike", REPLICAS: "Replicas"}  # exceptionInfo typeName, stopped text
+_SAID_IN_EVIDENCE = ("race", "hang", LOSS_SPIKE, REPLICAS)  # findings whose evidence says it all (its stackTrace)
 DEFAULT_EXCEPTION_FILTERS = {f["filter"] for f in EXCEPTION_FILTERS if f["default"]}
 
 

@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     debug.add_argument("--steps", type=int, help="with --entry train_step: training steps to run (default 1)")
     debug.add_argument("--ranks", type=int, metavar="N",
                        help="run the model as N ranks of one torch.distributed process group (docs/ranks.md)")
+    debug.add_argument("--rdzv", metavar="HOST:PORT",
+                       help="with --ranks: where the ranks meet (default: $MASTER_ADDR:$MASTER_PORT, else a free "
+                            "port on 127.0.0.1)")
     debug.add_argument("-x", dest="script", metavar="FILE", help="run the commands in FILE, then exit")
     debug.add_argument("--json", action="store_true", help="print one JSON object per command (for agents)")
     debug.add_argument("--trace", metavar="FILE", help="open a recorded trace instead: no device needed")
@@ -98,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         overwrite = True
     target = {"trace": args.trace} if args.trace else {"program": args.program, "record": args.record,
                                                         "overwrite": overwrite or None, "steps": args.steps,
-                                                        "ranks": args.ranks}
+                                                        "ranks": args.ranks, "rendezvous": args.rdzv}
     return console.run(target, args.driver, args.entry, args.script, args.json)
 
 

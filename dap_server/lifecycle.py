@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from dap_server import paths
 from dap_server.breakpoints import changed_line_breakpoints
 from dap_server.requests import Arguments, StrictArguments, capabilities, capability, request
 from hardware.errors import RewindError
+from hardware.ranks.coordinator import rendezvous_address
 from hardware.ranks.launcher import MAX_RANKS
+from hardware.ranks.session import RankedSession
+from hardware.ranks.traces import index_ranks
 from hardware.session import LaunchOptions
 
 if TYPE_CHECKING:
@@ -65,7 +68,7 @@ _CLIENT_ATTRIBUTES = {"type", "request", "name", "noDebug", "presentation", "pre
 class LaunchArguments(StrictArguments):
     cwd: str | None = None  # the folder relative paths resolve against (default: the session's; dap_server/paths.py)
     program: str | None = None  # the model file; or `trace` instead
-    trace: str | None = None  # open a recorded trace: no device needed (docs/trace-format.md)
+    trace: str | None = None  # open a recorded trace, or the index of many ranks' traces: no device needed
     record: str | None = None  # record every step to this trace file while running
     overwrite: bool = False  # with record: replace an existing file there (when the recording is closed)
     entry: str = "build"  # train_step: a training step (forward, backward, the optimizer's update)
@@ -79,6 +82,8 @@ class LaunchArguments(StrictArguments):
     atol: float | None = Field(None, ge=0)
     ranks: int | None = Field(None, ge=1, le=MAX_RANKS)  # torch.distributed: one engine per rank (dap_server/ranks.py)
     rankTimeout: float = Field(60.0, gt=0, le=86400)  # with ranks: seconds a rank may take to answer, then reported
+    replicas: list[str] | None = None  # with ranks: values that must stay identical on every rank (docs/ranks.md)
+    rendezvous: str | None = None  # with ranks: host:port where the coordinator serves the ranks' rendezvous
     seed: int = 0  # sim chip: seed of a random schedule
     schedule: Literal["round-robin", "random"] = "round-robin"  # sim chip: how units' steps interleave
     faults: list[dict[str, Any]] = []  # sim chip: planted faults (docs/sim.md); the driver checks them
@@ -87,11 +92,25 @@ class LaunchArguments(StrictArguments):
     def _program_or_trace(self) -> "LaunchArguments":
         if (self.program is None) == (self.trace is None):
             raise ValueError("launch needs exactly one of 'program' (a model file) and 'trace' (a recorded trace)")
+        if self.replicas is not None and self.ranks is None and self.trace is None:
+            raise ValueError("'replicas' compares values across ranks: give 'ranks' too")
+        if self.rendezvous is not None and self.ranks is None:
+            raise ValueError("'rendezvous' is where ranks meet: give 'ranks' too")
         if self.trace is not None and self.record is not None:
             raise ValueError("'record' records a running program; a trace opened with 'trace' is already recorded")
         if self.overwrite and self.record is None:
             raise ValueError("'overwrite' replaces an existing 'record' file: give 'record' too, or drop 'overwrite'")
         return self
+
+    @field_validator("rendezvous")
+    @classmethod
+    def _host_and_port(cls, rendezvous: str | None) -> str | None:
+        if rendezvous is not None:
+            try:
+                rendezvous_address(rendezvous)
+            except RewindError as exc:
+                raise ValueError(str(exc)) from None
+        return rendezvous
 
     @property
     def source(self) -> str:
@@ -120,7 +139,7 @@ class LaunchArguments(StrictArguments):
                              check_batch=self.checkpoint.checkBatch, device_pool=self.checkpoint.devicePool,
                              stop_on_entry=self.stopOnEntry, reference=reference, rtol=self.rtol,
                              atol=self.atol, seed=self.seed, schedule=self.schedule, faults=self.faults,
-                             ranks=self.ranks)
+                             ranks=self.ranks, replicas=self.replicas, rendezvous=self.rendezvous)
 
 
 @request("launch")
@@ -168,11 +187,23 @@ def restart(adapter: "RequestContext", args: RestartArguments) -> None:
 
 def _load(adapter: "RequestContext", args: LaunchArguments, command: str) -> None:
     """Launch the Session in the launch's working directory (`cwd`, or the session's: a relaunch keeps it), with
-    every path the client gave resolved against it."""
+    every path the client gave resolved against it. A trace that is the index of many ranks' traces opens as ranks."""
     cwd = paths.checked_cwd(args.cwd, command) if args.cwd is not None else paths.session_cwd(adapter)
     with adapter.events.progress(f"Loading {args.source}", cancellable=False), paths.Entering(adapter, cwd):
-        adapter.use_ranks(args.ranks, args.rankTimeout)
-        adapter.session.launch(args.options(cwd))
+        options = args.options(cwd)
+        adapter.use_ranks(args.ranks if args.ranks is not None else _index_ranks(adapter, options.trace),
+                          args.rankTimeout)
+        adapter.session.launch(options)
+
+
+def _index_ranks(adapter: "RequestContext", trace: str | None) -> int | None:
+    """The world size of the index of many ranks' traces at `trace`; None for a single trace. Ranks loaded now end
+    first unless `trace` is an index already: they may be recording that very index (written when they end)."""
+    if trace is None:
+        return None
+    if index_ranks(trace) is None and isinstance(adapter.session, RankedSession):
+        adapter.session.end_run()
+    return index_ranks(trace)
 
 
 class TerminateArguments(Arguments):

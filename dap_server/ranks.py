@@ -13,8 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from dap_server.events import working
 from dap_server.frames import FRAMES_PER_THREAD, thread_unit
 from hardware.errors import RewindError
+from hardware.ticks import Direction
 
 if TYPE_CHECKING:
     from dap_server.context import RequestContext  # the adapter, as far as handlers use it
@@ -119,8 +121,8 @@ def _every_rank(adapter: "RequestContext", args: Any, handler: "Handler") -> dic
 
 
 def _exception_info(adapter: "RequestContext", args: Any, handler: "Handler") -> dict:
-    """The coordinator's own finding (a mismatch, a rank that did not answer) here; a rank's own exception (a NaN
-    it wrote) from that rank."""
+    """The coordinator's own finding (a mismatch, a rank that did not answer, replicas that differ) and a NaN/Inf
+    traced across ranks (hardware/ranks/numerics.py) here; any other exception of a rank's own from that rank."""
     stop = adapter.session.last_stop
     if stop is not None and stop.exception is not None:
         return handler.fn(adapter, args)
@@ -129,13 +131,32 @@ def _exception_info(adapter: "RequestContext", args: Any, handler: "Handler") ->
 
 
 def _every_thread(adapter: "RequestContext", args: Any, handler: "Handler") -> Any:
-    """continue, next, stepIn, stepOut and their reverse: the usual handlers, every rank moving."""
-    if args.singleThread:
-        raise RewindError("moving one rank alone (singleThread) is not supported yet: every rank moves together, "
-                          "through consistent cuts")
+    """continue, next, stepIn, stepOut and their reverse: the usual handlers, every rank moving; with singleThread,
+    the thread's rank alone (_one_rank)."""
     if getattr(args, "targetId", None) is not None:
         raise RewindError("stepIn targets are not supported with ranks yet: step in without a target")
+    if args.singleThread:
+        return _one_rank(adapter, args, handler)
     return handler.fn(adapter, args)
+
+
+_ALONE = {"continue": (Direction.FORWARD, None), "reverseContinue": (Direction.REVERSE, None),
+          "next": (Direction.FORWARD, "over"), "stepIn": (Direction.FORWARD, "in"),
+          "stepOut": (Direction.FORWARD, "out"), "stepBack": (Direction.REVERSE, "over")}
+
+
+def _one_rank(adapter: "RequestContext", args: Any, handler: "Handler") -> dict | None:
+    """The thread's rank alone moves, the others staying where they are: forward up to its next collective at most,
+    back to right after its last; a rank waiting at one stays, and its stop says why (docs/ranks.md)."""
+    rank = thread_unit(adapter, args.threadId)
+    direction, kind = _ALONE[handler.command]
+    session = adapter.session
+    if kind is None:
+        adapter.resume(lambda: session.run(direction, rank, single_thread=True), f"Continuing rank {rank} alone")
+        return {"allThreadsContinued": False} if handler.command == "continue" else None
+    adapter.resume(lambda: session.step(direction, args.granularity, kind, rank, single_thread=True),
+                   f"Stepping rank {rank} alone")
+    return None
 
 
 def _stopped_rank(adapter: "RequestContext", args: Any, handler: "Handler") -> dict:
@@ -155,9 +176,26 @@ def _goto(adapter: "RequestContext", args: Any, handler: "Handler") -> None:
     adapter.resume(lambda: adapter.session.goto(tick, rank), f"Going to tick {tick} of rank {rank}")
 
 
+_NO_ORIGIN = ("not traced with ranks: tracing it runs precision ablations, which re-run nodes on one rank, and a "
+              "collective among them would need its peers")
+
+
+def _first_divergence(adapter: "RequestContext", args: Any, handler: "Handler") -> dict:
+    """firstDivergence: every rank's first divergence against a float64 reference of the same ranks (their reference
+    passes run at once, each collective for real), in `ranks`, each finding with its `rank` and `carriedBy`; the
+    root, the earliest not carried by a collective, in `divergence` (hardware/ranks/forensics.py)."""
+    with working(adapter, "Looking for the first divergence on every rank"):
+        found = adapter.session.forensics(args.start)
+    why = _NO_ORIGIN if args.origin else "not asked for (origin: false)"
+    for finding in [found["divergence"]] + [r["divergence"] for r in found["ranks"]]:
+        if finding is not None:
+            finding.update(origin=None, originReason=why)
+    return found
+
+
 _SPECIAL: dict[str, Callable[["RequestContext", Any, "Handler"], Any]] = {
     "stackTrace": _stack_trace, "scopes": _by_frame, "evaluate": _by_frame, "variables": _variables,
     "setBreakpoints": _every_rank, "setExceptionBreakpoints": _every_rank, "exceptionInfo": _exception_info,
     "continue": _every_thread, "reverseContinue": _every_thread, "next": _every_thread, "stepIn": _every_thread,
     "stepOut": _every_thread, "stepBack": _every_thread, "gotoTargets": _stopped_rank, "timeline": _stopped_rank,
-    "source": _stopped_rank, "loadedSources": _stopped_rank, "goto": _goto}
+    "source": _stopped_rank, "loadedSources": _stopped_rank, "goto": _goto, "firstDivergence": _first_divergence}

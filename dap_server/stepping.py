@@ -32,6 +32,7 @@ class ContinueArguments(Arguments):
 
 
 @request("continue")
+@capability("supportsSingleThreadExecutionRequests")  # a rank alone (docs/ranks.md); one sim unit's instructions
 def continue_(adapter: "RequestContext", args: ContinueArguments) -> dict:
     thread_unit(adapter, args.threadId)
     adapter.resume(lambda: adapter.session.run(FORWARD), "Continuing")

@@ -33,7 +33,7 @@ from provenance.compare import Comparison, Tolerance, compare, judged_precision
 from provenance.handed import SessionView
 from provenance.lineage import descendants, lineage
 from provenance.patterns import Evidence, Match, classify
-from provenance.reference import DEFAULT_REFERENCE, Reference, open_reference
+from provenance.reference import DEFAULT_REFERENCE, Collectives, Reference, open_reference
 from provenance.steps import in_words, is_training, place, training_fields
 
 MAX_GROWTH_POINTS = 16
@@ -111,6 +111,7 @@ class Forensics:
         self.tolerance = tolerance or Tolerance(getattr(options, "rtol", None), getattr(options, "atol", None))
         self.precision = judged_precision(self.program)  # the dtype each value is judged at
         self._reference: Reference | None = None
+        self.collectives: Collectives | None = None  # how the reference pass runs a collective (ranks: its peers')
         self._introduced: dict[tuple, list[Comparison]] = {}
         self.origins: dict[tuple, tuple] = {}  # provenance/origins.py's traces, by finding and the branch's patches
         self._outputs: dict[tuple, list[Comparison]] = {}  # by the outputs' recorded digests
@@ -122,7 +123,7 @@ class Forensics:
         if self._reference is None:
             budget = int((self.session.options.budget_mb if self.session.options else 1024) * 2**20)
             self._reference = open_reference(self.spec, self.program, budget,
-                                             self.progress(f"reference pass ({self.spec})"))
+                                             self.progress(f"reference pass ({self.spec})"), self.collectives)
         return self._reference
 
     def progress(self, title: str) -> Callable[[int, int], None]:

@@ -10,8 +10,9 @@ A reference spec is one of
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -22,12 +23,14 @@ from checkpoint.trace import MAGIC
 from hardware.driver import to_host
 from hardware.drivers import open_driver, trace_driver
 from hardware.errors import DriverError, RewindError
-from hardware.program import Program
+from hardware.program import Node, Program
+from hardware.torch_tensors import COLLECTIVES
 from provenance.births import Birth, births
 
 DEFAULT_REFERENCE = "torch:cpu:float64"
 VALUES_FORMAT = "rewind-values/1"
 Progress = Callable[[int, int], None]
+Collectives = Callable[[Node, Callable[[], list[Any]]], list[Any]]  # how a collective node runs (COLLECTIVES)
 
 
 class Reference:
@@ -39,27 +42,49 @@ class Reference:
         self.program = program
         self._value_of = value_of
         self._timeline = timeline  # the pass's own, where it ran or was recorded (saved values have none)
+        self.collectives: Collectives | None = None  # how its pass runs a collective node (open_reference)
 
     def births(self) -> list[Birth] | None:
         """The reference pass's NaN/Inf births (provenance/births.py); None for saved values, which keep no pass."""
-        return None if self._timeline is None else births(self._timeline, self.program)
+        with running(self.collectives):
+            return None if self._timeline is None else births(self._timeline, self.program)
 
     def value(self, name: str) -> torch.Tensor:
-        tensor = self._value_of(name)
+        with running(self.collectives):  # a value the ring evicted is recomputed by the pass
+            tensor = self._value_of(name)
         if tensor is None:
             raise RewindError(f"the reference {self.spec} has no value '{name}'")
         return tensor
 
 
-def open_reference(spec: str, program: Program, budget: int, progress: Progress | None = None) -> Reference:
+def open_reference(spec: str, program: Program, budget: int, progress: Progress | None = None,
+                   collectives: Collectives | None = None) -> Reference:
+    """`collectives`: how a driver's pass runs a collective node (one rank's reference pass runs each with its peers'
+    reference passes: hardware/ranks/forensics.py), held while the pass runs and while its values are read."""
     if spec.startswith("torch:"):
-        return _pass_reference(spec, program, budget, progress)
+        with running(collectives):
+            reference = _pass_reference(spec, program, budget, progress)
+        reference.collectives = collectives
+        return reference
     path = Path(spec)
     if not path.is_file():
         raise RewindError(f"reference '{spec}' is neither a driver (e.g. {DEFAULT_REFERENCE}) nor a file")
     with path.open("rb") as f:
         is_trace = f.read(len(MAGIC)) == MAGIC
     return _trace_reference(spec, program, budget) if is_trace else _saved_reference(spec, program)
+
+
+@contextmanager
+def running(collectives: Collectives | None) -> Iterator[None]:
+    """Collective nodes run by `collectives` inside (None: as they run outside)."""
+    if collectives is None:
+        yield
+        return
+    token = COLLECTIVES.set(collectives)
+    try:
+        yield
+    finally:
+        COLLECTIVES.reset(token)
 
 
 def _pass_reference(spec: str, program: Program, budget: int, progress: Progress | None) -> Reference:

@@ -11,6 +11,7 @@ import pytest
 
 from hardware.frontends.cache_folder import CACHE_DIR_ENV, CAP_ENV, NO_CACHE_ENV
 from hardware.frontends.torch_export import load_program
+from hardware.ranks.launcher import RankLauncher
 from hardware.session import LaunchOptions, Session
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +31,14 @@ def program_cache(tmp_path_factory):
     yield
     del os.environ[CACHE_DIR_ENV]
     os.environ.update(saved)
+
+
+@pytest.fixture(scope="module")
+def launcher():
+    """One rank launcher for a module's rank launches: it imports torch once and forks every launch's ranks."""
+    launcher = RankLauncher()
+    yield launcher
+    launcher.close()
 
 
 @functools.lru_cache(maxsize=None)

@@ -13,7 +13,6 @@ import torch
 
 from hardware.errors import RewindError
 from hardware.ranks.coordinator import Coordinator
-from hardware.ranks.launcher import RankLauncher
 from hardware.ticks import Direction
 from tests.conftest import EXAMPLES, MODELS, line_of
 
@@ -36,13 +35,6 @@ def _gone(pids: list[int]) -> bool:
             return True
         time.sleep(0.05)
     return False
-
-
-@pytest.fixture(scope="module")
-def launcher():
-    launcher = RankLauncher()
-    yield launcher
-    launcher.close()
 
 
 @pytest.fixture(scope="module")

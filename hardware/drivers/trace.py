@@ -90,5 +90,7 @@ def _printable(name: str) -> str:
 
 
 def _is_view_op(node: Node) -> bool:
+    if node.op.startswith(torch_tensors.COLLECTIVE_WAIT):  # returns the collective's result it waited for: an alias
+        return True  # its schema does not annotate (a rank's trace holds that result)
     schema = getattr(node.target, "_schema", None)
     return schema is not None and all(r.alias_info is not None for r in schema.returns)

@@ -45,9 +45,11 @@ The Program's shape (what the Session, forensics and benchmarks may rely on):
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import operator
 import re
+import traceback
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
@@ -58,8 +60,10 @@ import torch.fx.traceback as fx_traceback
 from torch.export import ExportedProgram
 from torch.export._tree_utils import reorder_kwargs
 from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
-from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.proxy_tensor import (disable_proxy_modes_tracing, get_proxy_mode, make_fx,
+                                               track_tensor_tree)
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from hardware.errors import ProgramLoadError, echo, raised_in_user_code
 from hardware.frontends.optimizers import rule_of
@@ -67,7 +71,7 @@ from hardware.frontends.torch_export import (Inputs, call_entry, check_input_typ
                                              export, export_program, module_and_inputs, positional_names,
                                              source_files, split_inputs, tensor_inputs, user_file)
 from hardware.program import Node, Program, ValueInfo, renamed_refs
-from hardware.torch_tensors import dtype_name
+from hardware.torch_tensors import COLLECTIVE_NAMESPACE, dtype_name
 
 TRAIN_ENTRY = "train_step"
 TRAIN_RETURNS = "(module, inputs, loss_fn, optimizer), or (module, inputs, optimizer) when module(*inputs) returns " \
@@ -76,6 +80,7 @@ BATCHES = "batches"
 MAX_STEPS = 10_000
 MAX_NODES = 250_000  # an unrolled Program's nodes: what a Timeline over it can hold and step through
 _PHASE = "rewind_phase"  # the key of the annotation that marks the traced backward and update
+_HOOK = "rewind_hook"  # the key of the annotation that marks what a parameter's gradient hook traced
 _WRAPPED = "model"  # the user's module inside the exported one
 _ALIASES = ("aten.detach.default", "aten.alias.default")  # the same values under another name: no node
 
@@ -454,11 +459,21 @@ class _Tracer:
             return tuple(results)
 
         flat = [t.clone().requires_grad_(n in self.updates) for n, t in self.flat.items()]
-        with fx_traceback.preserve_node_meta():
+        self._carry_gradient_hooks(dict(zip(self.flat, flat)))
+        ranked = torch.distributed.is_available() and torch.distributed.is_initialized()
+        with fx_traceback.preserve_node_meta(), _CollectivesNotRun() if ranked else contextlib.nullcontext():
             gm = make_fx(one_step)(*flat)
         if not any(role == "grad" for role, _ in layout):
             raise ProgramLoadError("the loss does not depend on any parameter the optimizer updates")
         return gm, layout
+
+    def _carry_gradient_hooks(self, traced: dict[str, torch.Tensor]) -> None:
+        """The hooks the user registered on a parameter (Tensor.register_hook: a data-parallel model's gradient
+        all_reduce) run on its gradient in the trace, as torch.autograd runs them: their ops are backward nodes."""
+        params = dict(self.step.model.named_parameters())
+        for name in self.updates:
+            for hook in (getattr(params[self.values[name].target], "_backward_hooks", None) or {}).values():
+                traced[name].register_hook(_traced_hook(hook))
 
     # -- the traced graph as Nodes ----------------------------------------------------------------------------------
     def _names(self, gm: torch.fx.GraphModule, layout: list[tuple[str, str]]) -> tuple[dict, dict, dict]:
@@ -507,8 +522,10 @@ class _Tracer:
                 rename[fx.name] = _value_name(fx.args[0], getitem_of, rename)
                 continue
             _refuse_random(fx)
-            phase = (fx.meta.get("custom") or {}).get(_PHASE, "forward")
-            forward = forward_of_seq.get(fx.meta.get("seq_nr", -1)) if phase == "backward" else None
+            custom = fx.meta.get("custom") or {}
+            phase = custom.get(_PHASE, "forward")
+            hooked = custom.get(_HOOK, False)  # a gradient hook's op differentiates no forward op: at the hook's line
+            forward = forward_of_seq.get(fx.meta.get("seq_nr", -1)) if phase == "backward" and not hooked else None
             name = fx.name
             if phase == "backward":
                 name = _name_backward(fx, nodes[forward].name if forward is not None else fx.name, backward_names,
@@ -579,6 +596,49 @@ def _tag_backward(loss: torch.Tensor) -> None:
         fn.register_prehook(lambda _grads, seq=seq: fx_traceback.set_grad_fn_seq_nr(seq))
         fn.register_hook(lambda _inputs, _outputs: fx_traceback.reset_grad_fn_seq_nr())
         todo.extend(f for f, _ in fn.next_functions)
+
+
+def _traced_hook(hook: Callable) -> Callable:
+    """A gradient hook as the trace runs it: its nodes marked as a hook's, with the stack that names its lines."""
+
+    def traced(grad: torch.Tensor) -> Any:
+        tracer = get_proxy_mode().tracer
+        tracer.record_stack_traces = True  # only here: the backward's other nodes take their forward node's lines
+        tracer._filter_traceback_frames = _inside_hook  # torch keeps the frames inside a forward; a hook has none
+        try:
+            with fx_traceback.annotate({_HOOK: True}):
+                return hook(grad)
+        finally:
+            tracer.record_stack_traces = False
+            del tracer._filter_traceback_frames
+
+    return traced
+
+
+def _inside_hook(stack: traceback.StackSummary) -> traceback.StackSummary:
+    """The frames of a stack inside a traced hook's call."""
+    calls = [i for i, frame in enumerate(stack) if frame.filename == __file__ and frame.name == "traced"]
+    return traceback.StackSummary.from_list(stack[calls[-1] + 1:] if calls else stack)
+
+
+class _CollectivesNotRun(TorchDispatchMode):
+    """Above make_fx's tracer while one rank of many traces its step: a collective (a gradient hook's all_reduce) is
+    recorded as a node but not run, so a rank loads on its own and a collective runs only when every rank is let
+    through it (hardware/ranks/). Zeros of its result's shape stand in: the trace's values are thrown away. (The
+    node is made as torch's higher-order ops make theirs.)"""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if not str(func).startswith(COLLECTIVE_NAMESPACE):
+            return func(*args, **kwargs)
+        with disable_proxy_modes_tracing() as tracing:  # what runs here is not traced
+            meta_args, meta_kwargs = pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), (args, kwargs))
+            stand_in = pytree.tree_map_only(torch.Tensor, lambda m: torch.zeros(m.shape, dtype=m.dtype),
+                                            func(*meta_args, **meta_kwargs))
+            proxy_args, proxy_kwargs = pytree.tree_map(tracing.tracer.unwrap_proxy, (args, kwargs))
+            proxy = tracing.tracer.create_proxy("call_function", func, proxy_args, proxy_kwargs,
+                                                name=func.overloadpacket.__name__)
+            return track_tensor_tree(stand_in, proxy, constant=None, tracer=tracing.tracer)
 
 
 def _unwrapped_path(path: str) -> str:

@@ -113,8 +113,11 @@ class Ledger:
     (a value recomputed after the ring evicted it, a replay check) gives the result recorded when it ran, never
     calling its peers alone; any other is refused, so no motion of one rank can block in a collective."""
 
-    def __init__(self, rank: int):
+    def __init__(self, rank: int, lockstep: bool = False):
+        """`lockstep`: every collective runs for real when reached, once (a pass that every rank runs at the same
+        time, reaching the same collectives in the same order: a reference pass, hardware/ranks/forensics.py)."""
         self.rank = rank
+        self.lockstep = lockstep
         self.allowed: int | None = None  # the node index the coordinator let through
         self.recorded: dict[int, list[Any]] = {}  # node index -> its outputs when it ran
         self.calls = 0  # collectives run for real
@@ -125,7 +128,7 @@ class Ledger:
         if recorded is not None:  # a node runs once a pass: this is a recomputation, never a new collective
             self.replayed += 1
             return list(recorded)
-        if self.allowed != node.index:
+        if self.allowed != node.index and not self.lockstep:
             raise RewindError(f"rank {self.rank} may not run {node.describe()} on its own: a collective runs only "
                               "when every rank has reached it")
         outputs = [torch.ops._c10d_functional.wait_tensor(t) for t in call()]

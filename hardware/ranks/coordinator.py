@@ -27,8 +27,10 @@ from typing import Any, Callable
 import torch.distributed as dist
 
 from hardware.errors import RewindError, echo
+from hardware.ranks import forensics, traces
 from hardware.ranks.collectives import Collective, mismatch
 from hardware.ranks.launcher import MAX_RANKS, RankLauncher, exit_code
+from hardware.ranks.numerics import ReplicaCheck, checked_filters, explained
 from hardware.ranks.pipe import Pipe, PipeClosed
 from hardware.ticks import Direction
 
@@ -47,6 +49,7 @@ class CutStop:
     ticks: dict[int, int] = field(default_factory=dict)
     finding: bool = False  # an exception the coordinator found (a mismatch, a rank that did not answer), no rank's
     breakpoints: list[int] = field(default_factory=list)  # the user's breakpoints the rank stopped at
+    exception: dict | None = None  # a NaN/Inf traced across ranks, a replicas drift: its details (ranks/numerics.py)
 
 
 class _Rank:
@@ -68,19 +71,31 @@ class _Rank:
 
 
 class Coordinator:
-    def __init__(self, program: str, ranks: int, entry: str = "build", budget_mb: float = 1024.0,
-                 timeout_s: float = 60.0, launch_timeout_s: float = 240.0, rendezvous: str | None = None,
-                 launcher: RankLauncher | None = None, on_notes: Callable[[int, list[str]], None] | None = None):
+    def __init__(self, program: str | None = None, ranks: int | None = None, entry: str = "build",
+                 budget_mb: float = 1024.0, timeout_s: float = 60.0, launch_timeout_s: float = 240.0,
+                 rendezvous: str | None = None, launcher: RankLauncher | None = None,
+                 on_notes: Callable[[int, list[str]], None] | None = None, record: str | None = None,
+                 overwrite: bool = False, trace: str | None = None, replicas: list[str] | None = None):
         """Start `ranks` engines on `program` and wait until each has loaded its rank's Program (stopped at
         entry); any failure ends every rank and says which rank failed and why. `launcher`: the rank launcher
         that forks them (else one of this coordinator's own, ended with it); `on_notes` hears what a rank's
-        Session said (its output), with the rank."""
-        self.world_size = _checked_ranks(ranks)
+        Session said (its output), with the rank. `record`: each rank records its trace beside this path, and
+        close() writes their index at it (hardware/ranks/traces.py; existing files are replaced only with
+        `overwrite`). `trace`: open the ranks of the index at this path post-mortem instead of a program: no
+        devices, no process group, every collective's result read from the traces. `replicas`: the values that must
+        stay identical on every rank (set_replicas)."""
+        self.index = _opened_index(trace, program, ranks, record)  # the index of the traces this session opened
+        self.world_size = self.index.world_size if self.index is not None else _checked_ranks(ranks)
         self.timeout_s = _checked_seconds(timeout_s, "timeout")
-        if not isinstance(program, str) or not os.path.isfile(program):
+        if self.index is None and (not isinstance(program, str) or not os.path.isfile(program)):
             raise RewindError(f"program file not found: {echo(str(program), 200)}")
+        self._recording = None if record is None else (traces.record_targets(
+            record, self.world_size, overwrite, {os.path.abspath(program): "the program being debugged"}), overwrite,
+            os.path.abspath(program), entry)  # (index, overwrite, program, entry)
+        self.recorded: Path | None = None  # the index close() wrote
         self.ranks: list[_Rank] = []
         self.last_stop: CutStop | None = None
+        self.replicas: ReplicaCheck | None = None
         self._pause = threading.Event()
         self._send_lock = threading.Lock()
         self._folder = Path(tempfile.mkdtemp(prefix="rewind-ranks-"))
@@ -90,29 +105,45 @@ class Coordinator:
         self._launcher = launcher
         self._on_notes = on_notes
         try:
-            self._store, address = _serve_store(rendezvous, self.world_size)
+            # ranks opened from traces join no process group: no rendezvous
+            self._store, address = _serve_store(rendezvous, self.world_size) if self.index is None else (None, "")
             if self._launcher is None:
                 self._launcher = RankLauncher()
             forked = self._launcher.fork(self.world_size, address, self._folder, launch_timeout_s)
             self.ranks = [_Rank(r, pid, pipe, self._folder) for r, (pid, pipe) in enumerate(forked)]
-            replies = self._ask({r: {"op": "launch", "program": os.path.abspath(program), "entry": entry,
-                                     "budget_mb": budget_mb} for r in range(self.world_size)}, launch_timeout_s,
-                                "loading its program")
+            replies = self._ask({r: self._launch_message(r, program, entry, budget_mb)
+                                 for r in range(self.world_size)}, launch_timeout_s, "loading its program")
             for rank in self.ranks:
                 reply = replies[rank.rank]
                 rank.collectives = [Collective.from_dict(d) for d in reply.pop("collectives")]
+                if self.index is not None:
+                    traces.check_agrees(self.index, rank.rank, rank.collectives)
                 rank.outputs = reply.pop("outputs")
                 rank.state = reply
+            self.set_replicas(replicas)
         except BaseException:
             self.close()
             raise
         self.last_stop = CutStop("entry", "stopped on entry", None, self.ticks())
 
+    def _launch_message(self, rank: int, program: str | None, entry: str, budget_mb: float) -> dict:
+        """What rank `rank` loads: its trace, or the program (recording its trace beside the index)."""
+        message = {"op": "launch", "entry": entry, "budget_mb": budget_mb}
+        if self.index is not None:
+            return {**message, "trace": str(self.index.ranks[rank].path)}
+        message["program"] = os.path.abspath(program)
+        if self._recording is not None:
+            message.update(record=str(traces.rank_file(self._recording[0], rank)), overwrite=self._recording[1])
+        return message
+
     # -- processes -------------------------------------------------------------------------------
     def close(self) -> None:
-        """End every rank (at once for one stuck in a collective or in the user's code), and the rendezvous."""
+        """End every rank (at once for one stuck in a collective or in the user's code), and the rendezvous.
+        With `record`, each rank's trace is finished first, then their index is written (`recorded`); a
+        recording that cannot be finished raises a RewindError saying why, once every rank has ended."""
         if self._closed:
             return
+        unfinished = self._finish_recording()
         self._closed = True
         for rank in self.ranks:
             if rank.gone is None:
@@ -133,6 +164,23 @@ class Coordinator:
             self._launcher.close()
         self._launcher = None
         shutil.rmtree(self._folder, ignore_errors=True)
+        if unfinished is not None:
+            raise RewindError(unfinished)
+
+    def _finish_recording(self) -> str | None:
+        """Each rank finishes its trace (moved onto its file), then the index of them is written beside them;
+        what went wrong, in words, else None. Nothing to do without `record`, or after a launch that failed."""
+        if self._recording is None or self.last_stop is None:
+            return None
+        index, overwrite, program, entry = self._recording
+        try:
+            self._ask({r: {"op": "finish"} for r in range(self.world_size)}, max(self.timeout_s, 60.0),
+                      "finishing its trace")
+            self.recorded = traces.write_index(index, overwrite, program, entry,
+                                               [rank.collectives for rank in self.ranks])
+        except RewindError as exc:
+            return f"the index of the ranks' traces was not written at {index}: {exc}"
+        return None
 
     def __enter__(self) -> "Coordinator":
         return self
@@ -275,18 +323,48 @@ class Coordinator:
                 except PipeClosed:
                     pass
 
-    def run(self, direction: Direction = Direction.FORWARD) -> CutStop:
+    def run(self, direction: Direction = Direction.FORWARD, rank: int = 0, single: bool = False) -> CutStop:
         """Continue (or reverse-continue) every rank until one stops for a reason of its own (a breakpoint, a
-        pause) or the ranks' collectives do not match; collectives on the way run with every rank."""
+        pause) or the ranks' collectives do not match; collectives on the way run with every rank. `single`: rank
+        `rank` alone, as step's."""
+        if single:
+            return self._alone(direction, "continue", self._rank(rank))
         return self._move(direction, "continue", repeat=True)
 
-    def step(self, direction: Direction = Direction.FORWARD, kind: str = "next", rank: int = 0) -> CutStop:
+    def step(self, direction: Direction = Direction.FORWARD, kind: str = "next", rank: int = 0,
+             single: bool = False) -> CutStop:
         """One step of every rank that may move (next, stepIn, stepOut by source line; node: one node): a rank
         waiting at a collective stays until its peers reach it; when all wait at it, the step runs it. The stop
-        is about `rank` when it moved and stopped for no reason of another rank's."""
+        is about `rank` when it moved and stopped for no reason of another rank's. `single`: rank `rank` alone
+        steps, its peers staying where they are (_alone)."""
         if kind not in MOTIONS or kind == "continue":
             raise RewindError(f"unknown step '{echo(str(kind))}': next, stepIn, stepOut or node")
+        if single:
+            return self._alone(direction, kind, self._rank(rank))
         return self._move(direction, kind, repeat=False, about=self._rank(rank))
+
+    def _alone(self, direction: Direction, kind: str, r: int) -> CutStop:
+        """Rank `r` alone runs `kind`; it never crosses a collective, so the cut stays consistent: forward its fence
+        stops it before its next one, back it stops right after its last. A rank waiting there stays, and the
+        stop says so: a collective is crossed only by every rank together."""
+        forward = direction is Direction.FORWARD
+        rank = self.ranks[r]
+        if rank.state["at_fence" if forward else "at_back_fence"]:
+            return self._stopped(CutStop("step", f"rank {r}: {self._stays(rank, forward)}", r))
+        message = {"op": "motion", "motion": kind, "direction": direction.value, "allow": None}
+        try:
+            replies = self._ask({r: message}, self.timeout_s, f"running {kind} alone", moves=True)
+        except RankTrouble as trouble:
+            return self._stopped(CutStop("exception", str(trouble), trouble.rank, finding=True))
+        return self._stopped(self._rank_stop(r, replies))
+
+    def _stays(self, rank: _Rank, forward: bool) -> str:
+        passed, collectives = rank.state["passed"], rank.collectives
+        if forward:
+            return (f"waits before {collectives[passed].describe()}, which runs only with every rank: alone it stays "
+                    "here (step every rank to run it)")
+        return (f"waits after {collectives[passed - 1].describe()}; going back across a collective takes every "
+                "rank: alone it stays here (step every rank back to cross it)")
 
     def _move(self, direction: Direction, kind: str, repeat: bool, about: int = 0) -> CutStop:
         forward = direction is Direction.FORWARD
@@ -300,18 +378,28 @@ class Coordinator:
                 return self._stopped(CutStop("end", "end of program", None) if forward
                                      else CutStop("entry", "beginning of the program", None))
             message = {"op": "motion", "motion": kind, "direction": direction.value, "allow": allow}
+            before = self.ticks()
             try:
                 replies = self._ask({r: message for r in movers}, self.timeout_s, f"running {kind}", moves=True)
+                drift = self.replicas.check(self, before) if forward and self.replicas is not None else None
             except RankTrouble as trouble:
                 return self._stopped(CutStop("exception", str(trouble), trouble.rank, finding=True))
+            if drift is not None:  # a replica differs between the ranks: every rank is right after its write
+                return self._stopped(CutStop("exception", drift[0], drift[1], finding=True, exception=drift[2]))
             own = [r for r in movers if replies[r]["stop"]["reason"] not in _ENDED]
             if own or not repeat:  # a step's stop is about `about`, unless a rank stopped for more than a step
                 notable = [r for r in own if replies[r]["stop"]["reason"] != "step"]
                 r = (notable or [m for m in movers if m == about] or own or movers)[0]
-                stop = replies[r]["stop"]
-                reason = "step" if stop["reason"] in _ENDED else stop["reason"]
-                return self._stopped(CutStop(reason, f"rank {r}: {self._said(self.ranks[r], stop)}", r,
-                                             breakpoints=list(stop["breakpoints"])))
+                return self._stopped(self._rank_stop(r, replies))
+
+    def _rank_stop(self, r: int, replies: dict[int, dict]) -> CutStop:
+        """The stop of a motion about rank `r`, from the answers of the ranks that moved."""
+        stop = replies[r]["stop"]
+        reason = "step" if stop["reason"] in _ENDED else stop["reason"]
+        said = self._said(self.ranks[r], stop)
+        traced = explained(self, r, said, replies) if reason == "exception" else None  # a NaN/Inf's birth
+        description, exception = traced or (f"rank {r}: {said}", None)
+        return CutStop(reason, description, r, breakpoints=list(stop["breakpoints"]), exception=exception)
 
     def _said(self, rank: _Rank, stop: dict) -> str:
         """Why a rank's motion stopped, in words: at a collective, its own words, else its reason."""
@@ -390,11 +478,28 @@ class Coordinator:
         self.last_stop = stop
         return stop
 
-    # -- breakpoints and inspection, per rank ---------------------------------------------------------
+    # -- breakpoints, exception filters, replicas, and inspection per rank ----------------------------------------
     def set_line_breakpoints(self, file: str, lines: list[int]) -> dict[int, list[dict]]:
         """Line breakpoints in `file` on every rank (each rank binds them to its own Program)."""
         message = {"op": "breakpoints", "file": str(file), "lines": [int(x) for x in lines]}
         return self._ask({r: message for r in range(self.world_size)}, self.timeout_s, "setting breakpoints")
+
+    def set_exception_filters(self, filters: list[str]) -> None:
+        """The exception filters (nan, inf, …) every rank's motions stop on; a NaN/Inf a collective carried from a
+        peer is traced to the rank where it was born (hardware/ranks/numerics.py)."""
+        message = {"op": "exception_filters", "filters": checked_filters(filters)}
+        self._ask({r: message for r in range(self.world_size)}, self.timeout_s, "setting exception filters")
+
+    def forensics(self, start: int = 0) -> dict:
+        """Each rank's first divergence from its tick `start` on against a float64 reference pass of the same ranks
+        (run by every rank at once, each collective for real), the collective that carried an error between
+        ranks, and the root: the rank and line that introduced it (hardware/ranks/forensics.py)."""
+        return forensics.forensics(self, start)
+
+    def set_replicas(self, patterns: list[str] | None) -> None:
+        """The values that must stay identical on every rank (source variables, Program values, parameter paths, or
+        fnmatch patterns of them; None: none): a forward motion stops at the first write where they differ."""
+        self.replicas = ReplicaCheck(self, patterns) if patterns is not None else None
 
     def values(self, rank: int) -> dict[str, dict]:
         """The live values at rank `rank`'s position, each with its stats."""
@@ -448,10 +553,30 @@ def _checked_ranks(ranks: Any) -> int:
     return ranks
 
 
+def _opened_index(trace: str | None, program: str | None, ranks: Any, record: str | None) -> traces.TraceIndex | None:
+    """The index of ranks' traces a session opens (checked whole, with its ranks' files); None without `trace`."""
+    if trace is None:
+        return None
+    if program or record is not None:
+        raise RewindError("open a trace of many ranks, or run a program (and record it): not both")
+    index = traces.read_index(trace)
+    if ranks is not None and ranks != index.world_size:
+        raise RewindError(f"the index {index.path} holds {index.world_size} ranks' traces, not {echo(repr(ranks))}")
+    return index
+
+
 def _checked_seconds(value: Any, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 86400:
         raise RewindError(f"{what} is a number of seconds above 0 (at most a day); got {echo(repr(value))}")
     return float(value)
+
+
+def rendezvous_address(given: str) -> tuple[str, int]:
+    """The host and port of a rendezvous written host:port (port 0: any free one), else a RewindError in words."""
+    host, _, port_text = given.rpartition(":")
+    if not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise RewindError(f"rendezvous '{echo(given)}' is not host:port (such as 127.0.0.1:29500)")
+    return host, int(port_text)
 
 
 def _serve_store(rendezvous: str | None, world_size: int) -> tuple[Any, str]:
@@ -459,11 +584,9 @@ def _serve_store(rendezvous: str | None, world_size: int) -> tuple[Any, str]:
     loopback. Returns the store and its host:port."""
     given = rendezvous or (f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ['MASTER_PORT']}"
                            if os.environ.get("MASTER_PORT") else "127.0.0.1:0")
-    host, _, port_text = given.rpartition(":")
-    if not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise RewindError(f"rendezvous '{echo(given)}' is not host:port (such as 127.0.0.1:29500)")
+    host, port = rendezvous_address(given)
     try:
-        store = dist.TCPStore(host, int(port_text), world_size + 1, is_master=True, wait_for_workers=False,
+        store = dist.TCPStore(host, port, world_size + 1, is_master=True, wait_for_workers=False,
                               timeout=timedelta(seconds=60))
     except (RuntimeError, OSError, ValueError) as exc:
         raise RewindError(f"cannot serve the ranks' rendezvous at {echo(given)}: {str(exc).strip()}") from None

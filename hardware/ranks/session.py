@@ -16,6 +16,7 @@ from hardware.errors import RewindError
 from hardware.events import ExceptionDetails, Output, SessionEvent, Stopped
 from hardware.ranks.coordinator import Coordinator, CutStop
 from hardware.ranks.launcher import RankLauncher
+from hardware.ranks.numerics import exception_details
 from hardware.session.state import LaunchOptions
 from hardware.ticks import Direction, Stop, Tick
 
@@ -38,15 +39,18 @@ class RankedSession:
 
     # -- loading ------------------------------------------------------------------------------------------
     def launch(self, options: LaunchOptions) -> None:
-        """Start `options.ranks` ranks on the program, each stopped on entry (a relaunch ends the previous ranks;
-        the launcher stays for the next)."""
+        """Start `options.ranks` ranks on the program (each recording its trace, with `record`), or open the ranks
+        of the index `options.trace`; each stopped on entry (a relaunch ends the previous ranks, writing a
+        recording's index; the launcher stays for the next)."""
         _refuse_unsupported(options)
         self._close_ranks()
         if self._launcher is None:
             self._launcher = RankLauncher(self._launcher_module)
-        self.coordinator = Coordinator(options.program, options.ranks, entry=options.entry,
-                                       budget_mb=options.budget_mb, timeout_s=self.timeout_s,
-                                       launcher=self._launcher, on_notes=self._notes)
+        self.coordinator = Coordinator(None if options.trace else options.program, options.ranks,
+                                       entry=options.entry, budget_mb=options.budget_mb, timeout_s=self.timeout_s,
+                                       launcher=self._launcher, on_notes=self._notes, record=options.record,
+                                       overwrite=options.overwrite, trace=options.trace, replicas=options.replicas,
+                                       rendezvous=options.rendezvous)
         self._stop_on_entry = options.stop_on_entry
         if self._hello is not None:
             self.coordinator.ask_all(self._hello, "taking the session's settings")
@@ -83,15 +87,18 @@ class RankedSession:
             self._ranks().goto(0, rank)
         self._emit(CutStop("entry", "back at the beginning", None, self._ranks().ticks()))
 
-    def run(self, direction: Direction = Direction.FORWARD) -> None:
-        self._emit(self._ranks().run(direction))
+    def run(self, direction: Direction = Direction.FORWARD, unit: int | None = None,
+            single_thread: bool = False) -> None:
+        """Every rank continues; with `single_thread`, rank `unit` alone, up to its next collective at most."""
+        self._emit(self._ranks().run(direction, rank=unit or 0, single=single_thread))
 
     def step(self, direction: Direction, granularity: str = "statement", kind: str = "over", unit: int | None = None,
              single_thread: bool = False) -> None:
-        """Every rank steps (a line, or one node at instruction granularity); the stop is about rank `unit`.
-        Stepping one rank alone (`single_thread`) is not supported yet: a surface refuses it before."""
+        """Every rank steps (a line, or one node at instruction granularity); the stop is about rank `unit`. With
+        `single_thread` rank `unit` alone steps, the others staying: forward up to its next collective at most,
+        back to right after its last (Coordinator._alone)."""
         motion = "node" if granularity == "instruction" else _STEPS[kind]
-        self._emit(self._ranks().step(direction, motion, rank=unit or 0))
+        self._emit(self._ranks().step(direction, motion, rank=unit or 0, single=single_thread))
 
     def goto(self, tick: int, rank: int = 0) -> None:
         """Rank `rank` to `tick`, every other rank to the consistent cut around it."""
@@ -105,12 +112,20 @@ class RankedSession:
         if self.coordinator is not None:
             self.coordinator.interrupt()
 
+    def forensics(self, start: int = 0) -> dict:
+        """Every rank's first divergence against a float64 reference of the same ranks (Coordinator.forensics)."""
+        return self._ranks().forensics(start)
+
     def exception_info(self) -> ExceptionDetails:
         stop = self.last_stop
         if stop is None or stop.exception is None:
             raise RewindError("not stopped on an exception of the ranks (a mismatch of their collectives, or a "
                               "rank that did not answer)")
         return stop.exception
+
+    def end_run(self) -> None:
+        """End the ranks of the run loaded now (a recording's index is written then); the launcher stays."""
+        self._close_ranks()
 
     def close(self) -> None:
         self._close_ranks()
@@ -125,9 +140,13 @@ class RankedSession:
         return self.coordinator
 
     def _close_ranks(self) -> None:
-        if self.coordinator is not None:
-            self.coordinator.close()
-            self.coordinator = None
+        """End the ranks; a recording's index is written then, and a recording that could not be finished is said."""
+        coordinator, self.coordinator = self.coordinator, None
+        if coordinator is not None:
+            try:
+                coordinator.close()
+            except RewindError as exc:
+                self.on_event(Output(f"{exc}\n"))
 
     def _notes(self, rank: int, notes: list[str]) -> None:
         for note in notes:
@@ -143,8 +162,10 @@ class RankedSession:
         rank = cut.rank if cut.rank is not None else 0
         where = ", ".join(f"rank {r} at tick {t}" for r, t in sorted(cut.ticks.items()))
         description = cut.description if cut.finding else f"{cut.description} ({where})"
+        exception = (exception_details(cut.exception) if cut.exception is not None  # a NaN/Inf across ranks, replicas
+                     else self._finding(cut, description) if cut.finding else None)
         return Stop(cut.reason, Tick(cut.ticks.get(rank, 0)), description, list(cut.breakpoints),
-                    exception=self._finding(cut, description) if cut.finding else None, unit=rank)
+                    exception=exception, unit=rank)
 
     def _finding(self, cut: CutStop, description: str) -> ExceptionDetails:
         """A mismatch or a rank that did not answer, as exception details: the collective the stop's rank is
@@ -162,8 +183,9 @@ class RankedSession:
 
 def _refuse_unsupported(options: LaunchOptions) -> None:
     """What a launch with ranks cannot do yet, said before any rank starts."""
-    unsupported = [(options.trace, "opening a trace"), (options.record, "recording a trace"),
-                   (options.steps != 1, "training steps (steps)"), (options.faults, "sim chip faults"),
+    unsupported = [(options.steps != 1, "training steps (steps)"), (options.faults, "sim chip faults"),
+                   (options.trace and options.driver != "auto", f"a driver ('{options.driver}') for a trace (a "
+                                                                "trace of many ranks opens with no device)"),
                    (options.driver not in ("auto", "torch:cpu"), f"the driver '{options.driver}' (ranks run on "
                                                                    "the CPU, with gloo)")]
     said = [words for present, words in unsupported if present]

@@ -26,6 +26,8 @@ from hardware.errors import RewindError
 from hardware.events import Output
 from hardware.ranks.collectives import Collective, Ledger, collectives_of
 from hardware.ranks.launcher import serve
+from hardware.ranks.forensics import RankForensics
+from hardware.ranks.numerics import RankNumerics
 from hardware.ranks.pipe import Pipe, PipeClosed
 from hardware.session.session import FunctionSpec, LaunchOptions, LineSpec, Session
 from hardware.ticks import Direction, Stop
@@ -37,7 +39,7 @@ MAX_ELEMENTS = 1 << 16  # of one tensor sent whole to the coordinator
 _KINDS = {"next": "over", "stepIn": "in", "stepOut": "out"}
 
 
-class RankEngine:
+class RankEngine(RankNumerics, RankForensics):  # the requests about NaN/Inf across ranks and replicas; forensics
     def __init__(self, rank: int, world_size: int, session: Session | None = None):
         """`session`: one made by a surface of its own (its events go to that surface); else a Session whose output
         becomes this rank's notes."""
@@ -55,18 +57,22 @@ class RankEngine:
     # -- launch ---------------------------------------------------------------------------------
     def launch(self, options: dict) -> dict:
         s = self.session
-        s.launch(LaunchOptions(program=options["program"], entry=options.get("entry", "build"),
-                               driver="torch:cpu", budget_mb=float(options.get("budget_mb", 1024.0)),
-                               stop_on_entry=True))
+        trace = options.get("trace")  # its values come from the file: no driver runs a node (nor a collective) again
+        s.launch(LaunchOptions(program=options.get("program", ""), entry=options.get("entry", "build"),
+                               driver="auto" if trace else "torch:cpu",
+                               budget_mb=float(options.get("budget_mb", 1024.0)),
+                               stop_on_entry=True, trace=trace, record=options.get("record"),
+                               overwrite=bool(options.get("overwrite"))))
         self.collectives = collectives_of(s.program, s.tl.node_tick)
         self._fence([])
         return {"collectives": [c.to_dict() for c in self.collectives], "outputs": list(s.program.outputs),
                 **self.state(None)}
 
     def _fence(self, user: list[FunctionSpec]) -> list:
-        """The user's function breakpoints and one on each collective op, which stops a motion before it."""
+        """The user's function breakpoints and one on each collective op, which stops a motion before it (in a
+        training step's backward too: a data-parallel gradient all_reduce)."""
         ops = sorted({self.session.tl.node_at(c.tick).op for c in self.collectives})
-        bps = self.session.set_function_breakpoints(user + [FunctionSpec(op) for op in ops])
+        bps = self.session.set_function_breakpoints(user + [FunctionSpec(op, mode="both") for op in ops])
         self._fences = {bp.id for bp in bps[len(user):]}
         return bps[:len(user)]
 
@@ -84,7 +90,8 @@ class RankEngine:
         if stop is not None:
             fenced = fenced or (bool(stop.breakpoint_ids) and set(stop.breakpoint_ids) <= self._fences)
             out["stop"] = {"reason": "collective" if fenced else stop.reason, "description": stop.description,
-                           "breakpoints": [i for i in stop.breakpoint_ids if i not in self._fences]}
+                           "breakpoints": [i for i in stop.breakpoint_ids if i not in self._fences],
+                           "exception": self.exception_facts(stop)}  # a NaN/Inf stop, for the coordinator to trace
         return out
 
     # -- requests --------------------------------------------------------------------------------
@@ -117,7 +124,7 @@ class RankEngine:
         floor = self._floor(start, allow) if direction is Direction.REVERSE else None
         if floor is not None and s.tl.position < floor:  # it went back across a collective its peers have not
             return self.state(s.goto(floor), fenced=True)
-        return self.state(stop)
+        return self.state(self.unhidden(stop) if direction is Direction.FORWARD else stop)  # a NaN before a fence
 
     def _floor(self, start: int, allow: int | None) -> int | None:
         """The earliest position a motion back from `start` may reach: right after the last collective before
@@ -160,6 +167,16 @@ class RankEngine:
 
     def do_locate(self, m: dict) -> dict:
         return self.session.locate(str(m["name"])).to_dict()
+
+    def do_finish(self, m: dict) -> str:
+        """The session closed, its recording finished and moved onto its file (before the coordinator writes the
+        index of the ranks' traces); the file's path."""
+        recorder = self.session.tl.recorder
+        self.session.close()
+        if recorder is None or os.path.lexists(recorder.partial_path):  # not recording, or not placed: say why
+            raise RewindError(f"rank {self.rank}'s trace was not finished"
+                              + (f": {self.notes[-1]}" if recorder is not None and self.notes else ""))
+        return str(recorder.target_path)
 
     def do_close(self, m: dict) -> None:
         self.session.close()
@@ -226,7 +243,8 @@ def run_rank(engine: RankEngine, store: str, pipe: Pipe) -> int:
     first = pipe.receive()
     COLLECTIVES.set(engine.ledger.run)
     try:
-        _join(engine.rank, engine.world_size, store, GROUP_TIMEOUT_S)
+        if first.get("trace") is None:  # a rank opened from its trace joins no process group
+            _join(engine.rank, engine.world_size, store, GROUP_TIMEOUT_S)
         result = engine.launch(first)
     except RewindError as exc:
         pipe.send({"ok": False, "error": str(exc), "notes": engine.notes})

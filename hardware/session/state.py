@@ -45,6 +45,8 @@ class LaunchOptions:
     schedule: str = "round-robin"  # sim chip: how units' steps interleave (round-robin, random)
     faults: list = field(default_factory=list)  # sim chip: injected faults (hardware/drivers/sim/faults.py)
     ranks: int | None = None  # torch.distributed ranks, an engine process each (hardware/ranks/); None: no group
+    rendezvous: str | None = None  # with ranks: host:port the ranks meet at (default: $MASTER_ADDR:$MASTER_PORT)
+    replicas: list[str] | None = None  # with ranks: values that must stay identical on every rank (ranks/numerics.py)
 
     def driver_options(self) -> dict:
         """The options the driver itself takes (only those set away from their defaults)."""

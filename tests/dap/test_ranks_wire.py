@@ -5,6 +5,7 @@ runs). One launch for the module, with a ring so small that values read back are
 from __future__ import annotations
 
 import math
+import socket
 
 import pytest
 
@@ -126,10 +127,9 @@ def test_what_ranks_cannot_do_yet_is_refused_in_words_and_the_session_goes_on(en
     _refused(entry, "setFunctionBreakpoints", {"breakpoints": [{"name": "sin"}]},
              "'setFunctionBreakpoints' is not supported with ranks yet")
     _refused(entry, "readMemory", {"memoryReference": "x", "count": 4}, "'readMemory' is not supported with ranks")
-    _refused(entry, "next", {"threadId": 1, "singleThread": True}, "(singleThread) is not supported yet")
     _refused(entry, "stepIn", {"threadId": 1, "targetId": 2}, "stepIn targets are not supported with ranks yet")
-    _refused(entry, "restart", {"arguments": {"program": str(MODEL), "ranks": 2, "record": "run.rewind"}},
-             "recording a trace with ranks is not supported yet")
+    _refused(entry, "restart", {"arguments": {"program": str(MODEL), "ranks": 2, "faults": [{}]}},
+             "sim chip faults with ranks is not supported yet")
     assert _frame(entry, 2)["line"] == REDUCE  # the ranks are still there
 
 
@@ -154,3 +154,23 @@ def test_a_number_of_ranks_or_a_timeout_that_is_none_is_refused(ranks, arguments
 def test_the_console_gives_its_ranks_to_the_launch():
     done = rewind("debug", str(MODEL), "--ranks", "0", "-x", "/dev/null")
     assert done.returncode == 1 and "launch: field 'ranks': input should be greater than or equal to 1" in done.stderr
+
+
+@pytest.mark.parametrize("arguments, words", [
+    ({"ranks": 2, "rendezvous": "nonsense"}, "rendezvous 'nonsense' is not host:port"),
+    ({"ranks": 2, "rendezvous": "127.0.0.1:99999"}, "is not host:port"),
+    ({"ranks": 2, "rendezvous": 29500}, "field 'rendezvous': input should be a valid string"),
+    ({"rendezvous": "127.0.0.1:0"}, "'rendezvous' is where ranks meet: give 'ranks' too")])
+def test_a_rendezvous_that_is_no_host_and_port_or_has_no_ranks_is_refused(ranks, arguments, words):
+    _refused(ranks, "launch", {"program": str(MODEL), **arguments}, words)
+
+
+def test_the_consoles_rendezvous_is_where_the_coordinator_serves_the_ranks():
+    with socket.socket() as taken:  # the port is in use: the coordinator's attempt to serve there says so
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = rewind("debug", str(MODEL), "--ranks", "2", "--rdzv", f"127.0.0.1:{port}", "-x", "/dev/null")
+    assert done.returncode == 1
+    assert f"cannot serve the ranks' rendezvous at 127.0.0.1:{port}" in done.stderr and "address already in use" \
+        in done.stderr

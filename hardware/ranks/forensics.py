@@ -1,0 +1,188 @@
+"""Forensics per rank (docs/ranks.md, "Forensics per rank"): each rank's pass against a float64 reference of the same
+ranks, the rank and line where an error was introduced, and the collective that carried it to the other ranks.
+
+A rank's reference is the single-process reference pass (provenance/reference.py: the same Program on
+`torch:cpu:float64`) run in the rank's own process, with one difference: at each collective it needs its peers'
+reference values. So every rank runs its reference pass at the same time (the coordinator asks them all at once),
+and each collective of the pass runs for real, in float64, through the ranks' gloo process group (a lockstep Ledger,
+hardware/ranks/collectives.py): the ranks reach their collectives in the same order, since each rank has run every
+one of its collectives with its peers already (the coordinator let them through only when they matched). A
+collective recomputed later (a value the reference's ring evicted) gives what it gave; the rank's own pass keeps its
+own Ledger, so nothing else runs a collective.
+
+Each rank then looks for its first divergence as a single session does (provenance/forensics.py), with one rule
+for a collective: what it introduces cannot be measured on one rank (its result is made of every rank's input), so a
+collective whose input on this rank is beyond tolerance inherited its error, as any node does, and one whose input is
+within is where the error came in from the peers: the finding is carried, and `carriedBy` names the collective and
+the ranks whose inputs to it were beyond tolerance (none: the collective's own arithmetic made it). The finding
+that is not carried, earliest by the collectives before it (then by rank), is the root: the rank and line that
+introduced the error.
+
+RankForensics is the part a rank's engine answers (hardware/ranks/worker.py); `forensics` below it, the
+coordinator's part.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Protocol
+
+from hardware.errors import RewindError, echo
+from hardware.ranks.collectives import Ledger
+from provenance.forensics import Forensics
+
+if TYPE_CHECKING:
+    from hardware.ranks.collectives import Collective
+    from hardware.session.session import Session
+
+_CARRIED = ("a collective's result is made of every rank's input: rerun on this rank's reference inputs alone it "
+            "measures nothing of its own (carriedBy names the ranks whose inputs brought the error)")
+
+
+class Ranks(Protocol):
+    """What the coordinator's part uses of the Coordinator (which imports this module)."""
+
+    world_size: int
+    index: Any  # the index of the traces the ranks were opened from (None: a live run)
+
+    def ask_all(self, message: dict, doing: str) -> dict[int, Any]: ...
+    def collectives(self, rank: int) -> list["Collective"]: ...
+    def states(self) -> dict[int, dict]: ...
+
+
+# -- what a rank answers -------------------------------------------------------------------------------------
+class RankForensics:
+    """The forensics requests a rank's engine answers (mixed into RankEngine)."""
+
+    rank: int
+    session: "Session"
+    collectives: list["Collective"]
+    _reference_forensics: Forensics | None = None  # this rank's Forensics over its lockstep reference pass
+
+    def do_reference_ready(self, m: dict) -> bool:
+        """Has this rank run its reference pass of the pass it holds now?"""
+        f = self._reference_forensics
+        return f is not None and f.timeline is self.session.tl
+
+    def do_reference(self, m: dict) -> str:
+        """Run this rank's reference pass anew, every collective for real with its peers' reference passes (which
+        run now: the coordinator asks every rank at once); the reference's spec."""
+        self._reference_forensics = None
+        f = Forensics(self.session)  # a rank's launch names no reference: a driver's pass (torch:cpu:float64)
+        f.collectives = Ledger(self.rank, lockstep=True).run
+        f.reference  # runs the pass
+        self._reference_forensics = f
+        return f.spec
+
+    def do_forensics(self, m: dict) -> dict:
+        """This rank's first divergence from tick `start` on; the number of the collective it is at (None: a node
+        of this rank's own); and for each collective, how its inputs on this rank compare with the reference."""
+        f = self._reference_forensics
+        if f is None or not self.do_reference_ready(m):
+            raise RewindError(f"rank {self.rank} has no reference pass of this run: ask every rank for forensics")
+        found = f.first_divergence(int(m["start"]))
+        while found is not None and (c := self._collective_at(found.tick)) is not None \
+                and not self._inputs(f, c)["within"]:  # its input on this rank brought the error: inherited
+            found = f.first_divergence(found.tick + 1)
+        at = self._collective_at(found.tick) if found is not None else None
+        divergence = found.to_dict() if found is not None else None
+        if divergence is not None and at is not None:
+            divergence.update(introduced=None, introducedReason=_CARRIED)
+        return {"reference": f.spec, "divergence": divergence, "collective": at.number if at is not None else None,
+                "inputs": [self._inputs(f, c) for c in self.collectives]}
+
+    def _collective_at(self, tick: int) -> "Collective | None":
+        return next((c for c in self.collectives if c.tick == tick), None)
+
+    def _inputs(self, f: Forensics, c: "Collective") -> dict:
+        """The worst of a collective's node-made floating inputs on this rank against the reference (an input or
+        parameter is the reference's own start)."""
+        program, node = self.session.program, self.session.tl.node_at(c.tick)
+        compared = [cmp for name in node.input_names() if (p := program.values[name].producer) is not None
+                    for cmp in f.observed(program.nodes[p]) if cmp.value == name]
+        if not compared:
+            return {"value": None, "within": True, "error": 0.0,
+                    "valueReason": "no input of it is made by a node: inputs and parameters start as the reference's"}
+        worst = max(compared, key=lambda cmp: cmp.error)
+        return {"value": worst.value, "within": worst.within, "error": worst.error}
+
+
+# -- the coordinator's part ----------------------------------------------------------------------------------
+def forensics(ranks: Ranks, start: Any = 0) -> dict:
+    """Every rank's first divergence from its own tick `start` on against the float64 reference of the same ranks
+    (a finding with `rank` and `carriedBy`, or None with `divergenceReason`), and the root: the earliest finding not
+    carried by a collective (`divergence`, with `headline`)."""
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise RewindError(f"start is a tick to look from, a whole number from 0; got {echo(repr(start))}")
+    _check_ran(ranks)
+    if not all(ranks.ask_all({"op": "reference_ready"}, "answering whether it has a reference pass").values()):
+        ranks.ask_all({"op": "reference"}, "running its float64 reference pass with its peers")
+    answers = ranks.ask_all({"op": "forensics", "start": start}, "comparing its pass with its reference")
+    found = [_rank_finding(ranks, r, answers, start) for r in sorted(answers)]
+    roots = sorted((f for f in found if f["divergence"] is not None and f["divergence"]["carriedBy"] is None),
+                   key=lambda f: (_before(ranks, f["rank"], f["divergence"]["tick"]), f["rank"]))
+    out = {"reference": answers[0]["reference"], "ranks": found}
+    if not roots:
+        return {**out, "divergence": None, "headline": None,
+                "divergenceReason": f"no rank introduces an error beyond the reference's tolerance from tick {start} "
+                                    "on (a divergence carried by a collective names the ranks it came from)",
+                "headlineReason": "no divergence"}
+    root = roots[0]["divergence"]
+    return {**out, "divergence": root, "headline": _headline(root, found)}
+
+
+def _check_ran(ranks: Ranks) -> None:
+    """The reference passes run every collective together, so each rank must have run every one of its own with its
+    peers (then they matched one by one, and the test pass needs none run again)."""
+    if ranks.index is not None:
+        raise RewindError("forensics of ranks opened from their traces is not supported: the ranks' reference pass "
+                          "runs every collective with their peers, and ranks opened from traces have no process "
+                          "group (launch the program with ranks)")
+    states = ranks.states()
+    for r in sorted(states):
+        total = len(ranks.collectives(r))
+        if states[r]["calls"] < total:
+            raise RewindError(f"forensics compares each rank's whole pass with its reference: run every rank to the "
+                              f"end of its program first (rank {r} has run {states[r]['calls']} of its {total} "
+                              "collective(s))")
+
+
+def _rank_finding(ranks: Ranks, r: int, answers: dict[int, dict], start: int) -> dict:
+    answer = answers[r]
+    found = answer["divergence"]
+    if found is None:
+        return {"rank": r, "divergence": None, "divergenceReason": f"no node of rank {r} from tick {start} on leaves "
+                "the reference's tolerance by error it introduced, crossed the line at, or a collective carried in"}
+    number = answer["collective"]
+    carried, why = None, f"a node of rank {r}'s own introduced the error: no collective carried it in"
+    if number is not None:
+        c = ranks.collectives(r)[number - 1]
+        inputs = [{"rank": p, **answers[p]["inputs"][number - 1]} for p in sorted(answers)]
+        beyond = [i["rank"] for i in inputs if not i["within"]]
+        carried = {"collective": c.op, "number": number, "node": c.node, "source": c.where, "from": beyond,
+                   "inputs": inputs} if beyond else None
+        why = (f"every rank's input to {c.describe()} is within tolerance: the collective's own arithmetic made the "
+               "error")
+    return {"rank": r, "divergence": {**found, "rank": r, "carriedBy": carried,
+                                      **({"carriedByReason": why} if carried is None else {})}}
+
+
+def _before(ranks: Ranks, r: int, tick: int) -> int:
+    """How many of rank `r`'s collectives run before its tick `tick`."""
+    return sum(1 for c in ranks.collectives(r) if c.tick < tick)
+
+
+def _headline(root: dict, found: list[dict]) -> str:
+    """The root in one sentence, with the collectives that carried its error to other ranks."""
+    source = root["source"]
+    where = f" at {os.path.basename(source['file'])}:{source['line']}" if source else ""
+    words = f"rank {root['rank']} introduces the error{where} (`{root['node']}`)"
+    carried: dict[str, list[int]] = {}
+    for f in found:
+        d = f["divergence"]
+        if d is not None and d["carriedBy"] is not None and root["rank"] in d["carriedBy"]["from"]:
+            c = d["carriedBy"]
+            carried.setdefault(f"{c['collective']} #{c['number']} at {c['source']}", []).append(f["rank"])
+    for collective, to in carried.items():
+        words += f"; {collective} carried it to rank{'s' if len(to) > 1 else ''} {', '.join(str(t) for t in to)}"
+    return words

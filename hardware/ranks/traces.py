@@ -1,0 +1,264 @@
+"""Traces of many ranks: one trace per rank, each recorded by its rank's Session the way a single session records
+(checkpoint/recording.py), and a small index that names them (docs/ranks.md, "Traces of many ranks").
+
+    header : b"RWNDRKS\\0" + u32 format version + u32 world size          (16 bytes: the trace header's shape)
+    body   : u32 length n + u32 crc32(msgpack) + n bytes of msgpack: a map
+             world_size, program, entry, ranks: [{rank, file, bytes, sha256, collectives}]
+
+Rank r's trace lies beside the index (`rank_file`: run.rwd -> run.rank0.rwd). An index is a file someone else
+may have made: every field is checked before it is used, a rank's file is a plain name in the index's own folder
+(no folder part, no link), its size and SHA-256 must be the index's, and nothing read from it is ever called.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import stat
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import msgpack
+
+from checkpoint.safe_files import atomic_write, check_target
+from checkpoint.trace import HEADER, unpacked
+from hardware.errors import RewindError
+from hardware.ranks.collectives import Collective
+from hardware.ranks.launcher import MAX_RANKS
+
+MAGIC = b"RWNDRKS\0"
+VERSION = 1
+BODY = struct.Struct("<II")  # the msgpack's length and crc32
+MAX_INDEX = 64 << 20  # bytes: an index holds names and collectives, never tensors
+MAX_COLLECTIVES = 1 << 20  # of one rank
+_MAX_TEXT = 4096
+_MAX_LIST = 64  # tensors or details of one collective
+_I64 = 2**63
+_COLLECTIVE_FIELDS = {"number": int, "tick": int, "op": str, "group": str, "tensors": list, "details": list,
+                      "where": str, "value": str, "node": str}
+
+
+@dataclass(frozen=True)
+class RankTrace:
+    """One rank's trace, as the index names it (`path`: in the index's folder)."""
+
+    rank: int
+    path: Path
+    size: int
+    sha256: str
+    collectives: tuple[Collective, ...]
+
+
+@dataclass(frozen=True)
+class TraceIndex:
+    path: Path
+    world_size: int
+    program: str  # the model file that was recorded: shown, never opened
+    entry: str
+    ranks: tuple[RankTrace, ...]
+
+
+def rank_file(index: str | os.PathLike, rank: int) -> Path:
+    """Rank `rank`'s trace beside the index: run.rwd -> run.rank0.rwd (run -> run.rank0)."""
+    index = Path(index)
+    return index.with_name(f"{index.stem}.rank{rank}{index.suffix}")
+
+
+# -- recording -----------------------------------------------------------------------------------------------
+def record_targets(index: str, world_size: int, overwrite: bool, in_use: dict[str, str]) -> Path:
+    """Refuse, before any rank starts, a recording that would destroy a file (checkpoint/safe_files.check_target):
+    at the index or at any rank's trace. The index's absolute path."""
+    target = Path(os.path.abspath(check_target(index, overwrite, in_use, "record to")))
+    for rank in range(world_size):
+        check_target(rank_file(target, rank), overwrite, in_use, "record to")
+    return target
+
+
+def write_index(index: Path, overwrite: bool, program: str, entry: str,
+                collectives: list[list[Collective]]) -> Path:
+    """The index of the ranks' finished traces (one list of collectives per rank), written whole or not at all."""
+    ranks = []
+    for rank, found in enumerate(collectives):
+        path = rank_file(index, rank)
+        size, digest = file_digest(path, f"rank {rank}'s trace")
+        ranks.append({"rank": rank, "file": path.name, "bytes": size, "sha256": digest,
+                      "collectives": [c.to_dict() for c in found]})
+    body = msgpack.packb({"world_size": len(ranks), "program": program, "entry": entry, "ranks": ranks},
+                         use_bin_type=True)
+    with atomic_write(index, overwrite, doing="write the index of the ranks' traces") as out:
+        out.write(HEADER.pack(MAGIC, VERSION, len(ranks)) + BODY.pack(len(body), zlib.crc32(body)) + body)
+    return index
+
+
+def file_digest(path: Path, what: str) -> tuple[int, str]:
+    """(size, SHA-256 in hex) of a regular file that is no link."""
+    size, digest = 0, hashlib.sha256()
+    with _open_regular(path, what) as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def _open_regular(path: Path, what: str, follow: bool = False) -> BinaryIO:
+    """`path` opened to read, refused unless a regular file: not a folder, a FIFO or a device (never waited on),
+    nor a link unless `follow` (a rank's trace behind a link could lie outside the index's folder)."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | (0 if follow else getattr(os, "O_NOFOLLOW", 0))
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise RewindError(f"{what} {path} is not there") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow:
+            raise RewindError(f"{what} {path} is a link: the ranks' traces are plain files beside their index") \
+                from None
+        raise RewindError(f"cannot read {what} {path}: {exc.strerror or 'no reason given'}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise RewindError(f"{what} {path} is not a regular file")
+    return os.fdopen(fd, "rb")
+
+
+# -- opening -------------------------------------------------------------------------------------------------
+def index_ranks(path: str | None) -> int | None:
+    """The world size an index's header gives; None when `path` is no index of many ranks' traces (a single trace:
+    opening it says what it is). Only the header is read: `read_index` checks the rest."""
+    if not path:
+        return None
+    try:
+        with _open_regular(Path(path), "index", follow=True) as f:
+            head = f.read(HEADER.size)
+    except RewindError:
+        return None
+    if len(head) < HEADER.size or head[:len(MAGIC)] != MAGIC:
+        return None
+    return HEADER.unpack(head)[2]
+
+
+def read_index(path: str) -> TraceIndex:
+    """The index at `path`, checked whole, with every rank's trace beside it matching its size and digest; a
+    RewindError naming the problem otherwise."""
+    index = Path(os.path.realpath(path))  # its ranks' traces lie beside the file itself, not beside a link to it
+    with _open_regular(index, "index", follow=True) as f:
+        data = f.read(MAX_INDEX + 1)
+    if len(data) > MAX_INDEX:
+        raise RewindError(f"{index} is over {MAX_INDEX >> 20} MiB: it is no index of ranks' traces")
+    if len(data) < HEADER.size or data[:len(MAGIC)] != MAGIC:
+        raise RewindError(f"{index} is not an index of ranks' traces (no index header at offset 0)")
+    _, version, world_size = HEADER.unpack_from(data)
+    if version != VERSION:
+        raise RewindError(f"{index} is rank index format version {version}; this reader reads version {VERSION}")
+    if not 1 <= world_size <= MAX_RANKS:
+        raise RewindError(f"index {index} says {world_size} ranks; a world size is from 1 to {MAX_RANKS}")
+    body = _body(index, data[HEADER.size:])
+    return _checked(index, world_size, body)
+
+
+def _body(index: Path, data: bytes) -> Any:
+    if len(data) < BODY.size:
+        raise RewindError(f"index {index} ends before its body (truncated)")
+    length, crc = BODY.unpack_from(data)
+    payload = data[BODY.size:]
+    if len(payload) != length:
+        raise RewindError(f"index {index}: its body is {len(payload)} bytes where its header says {length} "
+                          "(truncated or damaged)")
+    if zlib.crc32(payload) != crc:
+        raise RewindError(f"index {index}: its body fails its checksum (damaged)")
+    body, problem = unpacked(payload, max_bin_len=0, max_ext_len=0)
+    if problem is None:
+        return body
+    raise RewindError(f"index {index}: its body does not decode: {problem}")
+
+
+def _checked(index: Path, world_size: int, body: Any) -> TraceIndex:
+    def bad(what: str) -> RewindError:
+        return RewindError(f"index {index}: {what}")
+
+    if not isinstance(body, dict):
+        raise bad("its body is not a map")
+    if body.get("world_size") != world_size or type(body.get("world_size")) is not int:
+        raise bad(f"its body says world size {_show(body.get('world_size'))}, its header {world_size}")
+    program, entry = body.get("program"), body.get("entry")
+    for value, what in ((program, "program"), (entry, "entry")):
+        if not _text(value):
+            raise bad(f"its {what} is {_show(value)}, not a name")
+    ranks = body.get("ranks")
+    if not isinstance(ranks, list) or len(ranks) != world_size:
+        raise bad(f"it lists {_show(ranks)} as its ranks, not one entry for each of its {world_size} ranks")
+    traces = tuple(_rank_trace(index, r, entry, bad) for r, entry in enumerate(ranks))
+    if len({t.path for t in traces}) != world_size:
+        raise bad("it names one file for two ranks")
+    return TraceIndex(index, world_size, program, entry, traces)
+
+
+def _rank_trace(index: Path, rank: int, entry: Any, bad) -> RankTrace:
+    if not isinstance(entry, dict) or entry.get("rank") != rank or type(entry.get("rank")) is not int:
+        raise bad(f"its entry for rank {rank} is {_show(entry)}")
+    name = entry.get("file")
+    if (not _text(name) or name in (".", "..") or "/" in name or "\\" in name or "\0" in name
+            or name == index.name):
+        raise bad(f"rank {rank}'s trace is named {_show(name)}: a file name in the index's own folder, with no "
+                  "folder part")
+    size, digest = entry.get("bytes"), entry.get("sha256")
+    if type(size) is not int or not 0 <= size < _I64:
+        raise bad(f"rank {rank}'s trace size is {_show(size)}")
+    if not isinstance(digest, str) or len(digest) != 64 or any(ch not in "0123456789abcdef" for ch in digest):
+        raise bad(f"rank {rank}'s digest is {_show(digest)}, not a SHA-256 in hex")
+    collectives = entry.get("collectives")
+    if not isinstance(collectives, list) or len(collectives) > MAX_COLLECTIVES:
+        raise bad(f"rank {rank}'s collectives are {_show(collectives)}")
+    found: list[Collective] = []
+    for c in collectives:
+        found.append(_collective(c, len(found) + 1, found[-1].tick if found else -1, f"rank {rank}'s", bad))
+    path = index.parent / name
+    got_size, got_digest = file_digest(path, f"rank {rank}'s trace")
+    if got_size != size:
+        raise bad(f"rank {rank}'s trace {name} has {got_size} bytes; the index says {size} (the file was changed "
+                  "or replaced)")
+    if got_digest != digest:
+        raise bad(f"rank {rank}'s trace {name} does not match its SHA-256 in the index (the file was changed or "
+                  "replaced)")
+    return RankTrace(rank, path, size, digest, tuple(found))
+
+
+def _collective(d: Any, number: int, after: int, whose: str, bad) -> Collective:
+    what = f"{whose} collective #{number}"
+    if not isinstance(d, dict):
+        raise bad(f"{what} is {_show(d)}, not a map")
+    for key, kind in _COLLECTIVE_FIELDS.items():
+        value = d.get(key)
+        if type(value) is not kind or (kind is str and not _text(value, empty=True)):
+            raise bad(f"{what}: its {key} is {_show(value)}")
+        if kind is list and (len(value) > _MAX_LIST or not all(_text(v) for v in value)):
+            raise bad(f"{what}: its {key} are {_show(value)}")
+    if d["number"] != number:
+        raise bad(f"{what} is numbered {_show(d['number'])}")
+    if not after < d["tick"] < _I64:
+        raise bad(f"{what} is at tick {_show(d['tick'])}, not after the one before it")
+    return Collective.from_dict(d)
+
+
+def check_agrees(index: TraceIndex, rank: int, found: list[Collective]) -> None:
+    """Refuse a rank's trace whose collectives (read from its Program) are not the ones its index lists."""
+    said, name = index.ranks[rank].collectives, index.ranks[rank].path.name
+    if tuple(found) == said:
+        return
+    for a, b in zip(found, said):
+        if a != b:
+            raise RewindError(f"index {index.path}: rank {rank}'s trace {name} has {a.describe()} at tick {a.tick} "
+                              f"where the index says {b.describe()} at tick {b.tick}")
+    raise RewindError(f"index {index.path}: rank {rank}'s trace {name} has {len(found)} collective(s); the index "
+                      f"says {len(said)}")
+
+
+def _text(value: Any, empty: bool = False) -> bool:
+    return isinstance(value, str) and (empty or bool(value)) and len(value) <= _MAX_TEXT
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."

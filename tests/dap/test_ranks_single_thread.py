@@ -1,0 +1,104 @@
+"""Stepping one rank alone through the wire (DAP `singleThread`; docs/ranks.md, "Stepping one rank"): the thread's
+rank moves, its peer stays where it is, and no rank ever passes a collective its peer has not reached. One server for
+the module, with examples/tensor_parallel.py on 2 real ranks in one gloo group."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from dap_server.client import DapError
+from tests.conftest import EXAMPLES, line_of
+from tests.dap.wire import Debugger
+
+pytestmark = pytest.mark.timeout(240)  # a deadlock fails the test instead of hanging the suite
+TENSOR_PARALLEL = EXAMPLES / "tensor_parallel.py"
+REDUCE = f"all_reduce #1 (float32[4,8], sum) at tensor_parallel.py:{line_of(TENSOR_PARALLEL, 'funcol.all_reduce(')}"
+ALONE = {"singleThread": True}
+
+
+@pytest.fixture(scope="module")
+def ranked(schema):
+    debugger = Debugger.spawn(schema)
+    assert debugger.start(TENSOR_PARALLEL, stopOnEntry=True, ranks=2)["reason"] == "entry"
+    yield debugger
+    debugger.close()
+
+
+@pytest.fixture
+def entry(ranked: Debugger) -> Debugger:
+    assert ranked.motion("restart", {})["reason"] == "entry"
+    return ranked
+
+
+def _ticks(stop: dict) -> list[int]:
+    """Each rank's tick, from a stop's words (`(rank 0 at tick 3, rank 1 at tick 5)`)."""
+    return [int(t) for t in re.findall(r"rank \d+ at tick (\d+)", stop["description"])]
+
+
+def _refused(debugger: Debugger, command: str, arguments: dict, words: str) -> None:
+    with pytest.raises(DapError) as caught:
+        debugger.request(command, arguments)
+    assert words in caught.value.message
+    assert "Error" not in caught.value.message  # words, not a Python exception's name
+
+
+def test_the_server_says_it_steps_one_thread_alone(ranked):
+    capabilities = next(m["body"] for m in ranked.messages
+                        if m.get("type") == "response" and m.get("command") == "initialize")
+    assert capabilities["supportsSingleThreadExecutionRequests"] is True
+
+
+def test_a_step_of_one_rank_moves_it_alone(entry):
+    stop = entry.motion("next", {"threadId": 2, **ALONE})
+    assert (stop["reason"], stop["threadId"]) == ("step", 2)
+    assert stop["description"].startswith("rank 1: ")
+    moved = _ticks(stop)
+    assert moved[0] == 0 < moved[1]  # rank 0 stays on entry
+    deeper = _ticks(entry.motion("stepIn", {"threadId": 2, **ALONE}))
+    assert deeper[0] == 0 and deeper[1] > moved[1]
+    stop = entry.motion("stepIn", {"threadId": 1, **ALONE})  # now rank 0 alone; rank 1 stays
+    assert stop["threadId"] == 1 and _ticks(stop)[0] > 0 and _ticks(stop)[1] == deeper[1]
+
+
+def test_a_rank_alone_goes_no_further_than_its_next_collective_and_says_why_it_stays(entry):
+    mark = entry.client.mark()
+    assert entry.request("continue", {"threadId": 2, **ALONE}) == {"allThreadsContinued": False}
+    stop = entry.client.wait_for("stopped", after=mark)
+    assert stop["description"].startswith(f"rank 1: waits before {REDUCE}")
+    waiting = _ticks(stop)
+    assert waiting[0] == 0  # rank 0 has not moved: rank 1 did not run the all_reduce without it
+    for command in ("next", "stepOut", "continue"):
+        stop = entry.motion(command, {"threadId": 2, **ALONE})
+        assert stop["reason"] == "step" and _ticks(stop) == waiting
+        assert f"rank 1: waits before {REDUCE}, which runs only with every rank: alone it stays here" in \
+            stop["description"]
+    entry.motion("continue", {"threadId": 1, **ALONE})  # rank 0 to its all_reduce too
+    stop = entry.motion("next", {"threadId": 1})  # every rank waits at it: a step of every rank runs it together
+    assert all(t > w for t, w in zip(_ticks(stop), waiting))
+
+
+def test_a_rank_stepped_back_alone_stops_right_after_its_last_collective(entry):
+    entry.motion("continue", {"threadId": 1, **ALONE})
+    entry.motion("continue", {"threadId": 2, **ALONE})
+    crossed = _ticks(entry.motion("next", {"threadId": 1}))  # both ran all_reduce #1, together
+    ahead = _ticks(entry.motion("next", {"threadId": 2, **ALONE}))
+    assert ahead[0] == crossed[0] and ahead[1] > crossed[1]
+    stop = entry.motion("reverseContinue", {"threadId": 2, **ALONE})  # back, but not across the all_reduce
+    assert stop["description"].startswith(f"rank 1: waits after {REDUCE}")
+    after = _ticks(stop)  # the instant right after the all_reduce ran (its result not yet waited for)
+    assert after[0] == crossed[0] and 0 < after[1] <= crossed[1]
+    stop = entry.motion("stepBack", {"threadId": 2, **ALONE})
+    assert f"rank 1: waits after {REDUCE}; going back across a collective takes every rank: alone it stays" in \
+        stop["description"]
+    assert _ticks(stop) == after
+    assert entry.motion("reverseContinue", {"threadId": 1})["reason"] == "entry"  # every rank back across it
+
+
+@pytest.mark.parametrize("arguments, words", [
+    ({"threadId": 3, **ALONE}, "no thread 3"),
+    ({"threadId": 2, "singleThread": "yes"}, "singleThread"),
+    ({"threadId": 2, "targetId": 5, **ALONE}, "stepIn targets are not supported with ranks yet")])
+def test_a_step_of_one_rank_that_names_no_rank_or_is_malformed_is_refused(ranked, arguments, words):
+    _refused(ranked, "stepIn", arguments, words)

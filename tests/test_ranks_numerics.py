@@ -1,0 +1,163 @@
+"""Cross-rank numerics (docs/ranks.md, "Cross-rank numerics"): a NaN born on one rank and carried to its peers by an
+all_reduce is traced to the rank and line where it was born, and the replicas check stops where values that must be
+identical on every rank first differ. Real rank processes in one gloo group: one rank launcher for the module's
+coordinators, and one DAP server for the wire's tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from dap_server.client import DapError
+from hardware.errors import RewindError
+from hardware.ranks.coordinator import Coordinator
+from hardware.ticks import Direction
+from tests.conftest import MODELS, line_of
+from tests.dap.wire import Debugger, SchemaCheck
+
+pytestmark = pytest.mark.timeout(240)  # a deadlock fails the test instead of hanging the suite
+NAN_MODEL = MODELS / "ranks" / "planted_nan_rank.py"
+DRIFT_MODEL = MODELS / "ranks" / "drifting_replicas.py"
+BORN, SPREAD = (f"planted_nan_rank.py:{line_of(NAN_MODEL, m)}" for m in ("# BUG", "# SPREAD"))
+DRIFT, UPDATE = (f"drifting_replicas.py:{line_of(DRIFT_MODEL, m)}" for m in ("# DRIFT", "# UPDATE"))
+
+
+@pytest.fixture(scope="module")
+def drifting(launcher):
+    with Coordinator(str(DRIFT_MODEL), 2, timeout_s=120, launcher=launcher) as c:
+        yield c
+
+
+def test_a_nan_born_on_one_rank_is_traced_to_its_rank_line_and_the_collective_that_carried_it(launcher):
+    with Coordinator(str(NAN_MODEL), 4, timeout_s=120, launcher=launcher) as c:
+        c.set_exception_filters(["nan"])
+        birth = c.run()  # rank 1 alone makes the NaN, before the all_reduce
+        assert (birth.reason, birth.rank) == ("exception", 1)
+        assert f"born on rank 1 at {BORN}; all_reduce at {SPREAD} will carry it to ranks 0, 2, 3" in birth.description
+        carried = c.run()  # the all_reduce: every other rank gets it from finite inputs of its own
+        assert (carried.reason, carried.rank) == ("exception", 0)
+        words = f"born on rank 1 at {BORN}; all_reduce at {SPREAD} carried it to ranks 0, 2, 3"
+        assert carried.description.startswith(f"rank 0: NaN {words} (1 NaN written to 'all_reduce'")
+        evidence = carried.exception["evidence"]
+        assert (carried.exception["filter"], evidence["message"], evidence["carriedTo"]) == ("nan", words, [0, 2, 3])
+        born, = evidence["born"]
+        assert (born["rank"], born["source"], born["tick"]) == (1, BORN, birth.ticks[1] - 1)  # right after the write
+        assert evidence["carriedBy"] == {"collective": "all_reduce", "number": 1, "node": "all_reduce",
+                                         "source": SPREAD}
+        assert c.step(Direction.REVERSE).reason == "step"  # back from there, through consistent cuts
+        assert len({s["passed"] for s in c.states().values()}) == 1
+        assert c.run(Direction.REVERSE).reason == "exception"  # back across the all_reduce to the birth on rank 1
+        assert all(s["passed"] == 0 for s in c.states().values())
+
+
+def test_a_nan_relayed_through_two_collectives_is_traced_to_the_rank_it_was_born_on(launcher):
+    born, relay, relayed = (f"planted_nan_rank.py:{line_of(NAN_MODEL, m)}"
+                            for m in ("# BUG, relayed", "# RELAY:", "# RELAYED"))
+    with Coordinator(str(NAN_MODEL), 2, entry="relay", timeout_s=120, launcher=launcher) as c:
+        c.set_exception_filters(["nan"])
+        birth = c.run()  # the NaN's node runs right before the collective: its stop is not hidden by the collective's
+        assert (birth.rank, birth.exception["evidence"]["carriedTo"]) == (1, [0])
+        assert f"born on rank 1 at {born}; all_to_all_single at {relay} will carry it to rank 0" in birth.description
+        assert f"born on rank 1 at {born}; all_to_all_single at {relay} carried it to rank 0" in c.run().description
+        back = c.run()  # rank 0 sends it back to rank 1, whose own input to the all_reduce was finite
+        assert back.rank == 1 and f"born on rank 1 at {born} (relayed by rank 0); all_reduce at {relayed} carried " \
+                                  "it to rank 1" in back.description
+        assert back.exception["evidence"]["born"][0]["relayedBy"] == 0
+
+
+def test_replicas_that_stay_identical_run_to_the_end_without_a_stop(drifting):
+    drifting.set_replicas(["grad", "gra*"])  # the all_reduced gradient: the same on every rank
+    try:
+        assert drifting.run().reason == "end"
+    finally:
+        drifting.set_replicas(None)
+        drifting.goto(0)
+
+
+def test_drifting_replicas_stop_at_the_first_differing_write_naming_the_node_and_step_back_works(drifting):
+    drifting.set_replicas(["updated"])
+    try:
+        stop = drifting.run()
+        assert (stop.reason, stop.rank, stop.finding) == ("exception", 1, True)
+        assert stop.description.startswith(f"replicas differ: 'updated' (sub) written by sub at {UPDATE} on rank 1 "
+                                           f"differs from rank 0 (max abs difference ")
+        assert stop.description.endswith(f"the first node where they differ: mul at {DRIFT}")
+        evidence = stop.exception["evidence"]
+        assert (evidence["agree"], evidence["differ"], evidence["count"]) == ([0], [1], 8)
+        assert 1e-5 < evidence["maxAbsDifference"] < 1e-3 and evidence["firstIndex"] == [0, 0]
+        assert (evidence["firstDifference"]["node"], evidence["firstDifference"]["reads"]) == ("mul", [])
+        written = {r: evidence["ticks"][r] for r in (0, 1)}
+        assert stop.ticks == {r: t + 1 for r, t in written.items()}  # every rank right after its own write
+        assert drifting.step(Direction.REVERSE).reason == "step"
+        assert all(s["tick"] <= written[r] for r, s in drifting.states().items())
+        assert drifting.run().reason == "exception"  # forward again over the same write: the same stop
+        assert drifting.run().reason == "end"  # and past it, no other
+    finally:
+        drifting.set_replicas(None)
+        drifting.goto(0)
+
+
+@pytest.mark.parametrize("replicas, words", [
+    ("updated", "replicas is a list of value names or patterns"), ([], "replicas is a list"),
+    ([3], "replicas is a list"), (["nope*"], "replicas: 'nope*' names no variable, parameter or value"),
+    (["w"], "replicas: 'w' names only parameters or inputs, which no node writes")])
+def test_replicas_that_name_nothing_or_are_no_list_are_refused_in_words(drifting, replicas, words):
+    with pytest.raises(RewindError) as caught:
+        drifting.set_replicas(replicas)
+    assert str(caught.value).startswith(words)
+
+
+def test_exception_filters_that_are_no_list_are_refused(drifting):
+    with pytest.raises(RewindError, match="exception filters are a list of names"):
+        drifting.set_exception_filters("nan")
+    with pytest.raises(RewindError, match="unknown exception filter"):
+        drifting.set_exception_filters(["nope"])
+
+
+# -- through the wire -------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def wire():
+    schema = SchemaCheck()
+    debugger = Debugger.spawn(schema)
+    assert debugger.start(NAN_MODEL, stopOnEntry=True, ranks=2)["reason"] == "entry"
+    yield debugger
+    debugger.close()
+    assert schema.failures == [], "messages that break the DAP schema"
+
+
+def _refused(debugger: Debugger, command: str, arguments: dict, words: str) -> None:
+    with pytest.raises(DapError) as caught:
+        debugger.request(command, arguments)
+    assert words in caught.value.message and "Error" not in caught.value.message
+
+
+def test_through_the_wire_a_carried_nan_names_the_rank_it_was_born_on(wire):
+    birth = wire.motion("continue", {"threadId": 1})  # the NaN filter is on by default
+    assert (birth["reason"], birth["threadId"]) == ("exception", 2)
+    assert f"born on rank 1 at {BORN}; all_reduce at {SPREAD} will carry it to rank 0" in birth["description"]
+    stop = wire.motion("continue", {"threadId": 1})
+    words = f"born on rank 1 at {BORN}; all_reduce at {SPREAD} carried it to rank 0"
+    assert (stop["reason"], stop["text"], stop["threadId"]) == ("exception", "NaN", 1)
+    assert stop["description"].startswith(f"rank 0: NaN {words}")
+    info = wire.request("exceptionInfo", {"threadId": 1})
+    assert info["exceptionId"] == "nan" and info["description"].endswith(words)
+    evidence = info["details"]["evidence"]
+    assert [(b["rank"], b["source"]) for b in evidence["born"]] == [(1, BORN)]
+    assert (evidence["carriedBy"]["source"], evidence["carriedTo"]) == (SPREAD, [0])
+
+
+def test_through_the_wire_drifting_replicas_stop_with_the_replicas_exception(wire):
+    program = {"program": str(DRIFT_MODEL), "ranks": 2, "stopOnEntry": True}
+    _refused(wire, "restart", {"arguments": {**program, "replicas": "updated"}},
+             "field 'arguments.replicas': input should be a valid list")
+    _refused(wire, "restart", {"arguments": {"program": str(DRIFT_MODEL), "replicas": ["updated"]}},
+             "'replicas' compares values across ranks: give 'ranks' too")
+    _refused(wire, "restart", {"arguments": {**program, "replicas": ["nope"]}}, "replicas: 'nope' names no variable")
+    assert wire.motion("restart", {"arguments": {**program, "replicas": ["updated"]}})["reason"] == "entry"
+    stop = wire.motion("continue", {"threadId": 1})
+    assert (stop["reason"], stop["text"], stop["threadId"]) == ("exception", "Replicas", 2)
+    info = wire.request("exceptionInfo", {"threadId": 2})
+    assert (info["exceptionId"], info["details"]["typeName"]) == ("replicas", "Replicas")
+    assert info["description"] == stop["description"] and "on rank 1 differs from rank 0" in info["description"]
+    assert info["details"]["evidence"]["firstDifference"]["source"].endswith(DRIFT)
+    assert wire.motion("stepBack", {"threadId": 2})["reason"] == "step"
+    assert wire.motion("continue", {"threadId": 1})["text"] == "Replicas"  # forward over it again: the same stop
