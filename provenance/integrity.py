@@ -164,5 +164,11 @@ def _in_engine(file: str) -> bool:
 
 
 def _short(file: str) -> str:
+    """The file as the user knows it: within the project, else within the import folder it was found in
+    (`torch/serialization.py`, wherever the environment lives)."""
     path = Path(file)
-    return str(path.relative_to(ROOT)) if path.is_absolute() and path.is_relative_to(ROOT) else path.name
+    if not path.is_absolute():
+        return path.name
+    bases = [ROOT, *sorted((Path(p) for p in sys.path if p and Path(p).is_absolute()), key=lambda b: -len(b.parts))]
+    base = next((b for b in bases if path.is_relative_to(b)), None)
+    return str(path.relative_to(base)) if base is not None else path.name

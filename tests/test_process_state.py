@@ -173,10 +173,13 @@ def test_two_model_files_of_one_name_in_two_folders_each_run_their_own_code(tmp_
 
 # -- 4. linecache -------------------------------------------------------------------------------------------------
 
-def fix_source_in_linecache(session: Session) -> str:
-    """Load a patch function (the addPatch request's way); the pseudo file linecache holds its text under."""
-    named_patch(session.program, "keep", session.program.nodes[0].name, function=IDENTITY)
-    file = text_file(IDENTITY, "function")
+def fix_source_in_linecache(session: Session, tag: str) -> str:
+    """Load a patch function (the addPatch request's way); the pseudo file linecache holds its text under.
+    `tag` makes the text this test's own: another test's session still open in this process may hold the same
+    text, and the pseudo file stays while any session holds it."""
+    source = f"{IDENTITY}# {tag}\n"
+    named_patch(session.program, "keep", session.program.nodes[0].name, function=source)
+    file = text_file(source, "function")
     assert linecache.getline(file, 1) == IDENTITY.splitlines(True)[0]
     return file
 
@@ -184,7 +187,7 @@ def fix_source_in_linecache(session: Session) -> str:
 def test_closing_a_session_drops_the_fix_sources_it_put_in_linecache():
     session = launched()
     before = set(linecache.cache)
-    fix_source_in_linecache(session)
+    fix_source_in_linecache(session, "closing")
     session.close()
     assert set(linecache.cache) == before
 
@@ -192,7 +195,7 @@ def test_closing_a_session_drops_the_fix_sources_it_put_in_linecache():
 @pytest.mark.parametrize("first", [0, 1], ids=["first-opened-closes-first", "last-opened-closes-first"])
 def test_fix_sources_stay_in_linecache_until_the_last_open_session_closes(first):
     sessions = [launched(), launched()]
-    file = fix_source_in_linecache(sessions[0])
+    file = fix_source_in_linecache(sessions[0], f"last of two, {first}")
     sessions[first].close()
     assert linecache.getline(file, 1) == IDENTITY.splitlines(True)[0]  # the other session's tracebacks show it
     sessions[1 - first].close()
