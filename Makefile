@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n auto --dist loadfile tests
 	cd tests/node && npm ci --no-audit --no-fund --loglevel=error && \
 		REWIND_PYTHON=$(abspath $(BIN))/python node --test dap.test.js
 	$(MAKE) --no-print-directory extension

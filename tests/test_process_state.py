@@ -8,6 +8,7 @@ import linecache
 import os
 import sys
 import textwrap
+import weakref
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -173,29 +174,33 @@ def test_two_model_files_of_one_name_in_two_folders_each_run_their_own_code(tmp_
 
 # -- 4. linecache -------------------------------------------------------------------------------------------------
 
-def fix_source_in_linecache(session: Session, tag: str) -> str:
-    """Load a patch function (the addPatch request's way); the pseudo file linecache holds its text under.
-    `tag` makes the text this test's own: another test's session still open in this process may hold the same
-    text, and the pseudo file stays while any session holds it."""
-    source = f"{IDENTITY}# {tag}\n"
-    named_patch(session.program, "keep", session.program.nodes[0].name, function=source)
-    file = text_file(source, "function")
+@pytest.fixture
+def only_these_sessions(monkeypatch):
+    """The sessions this test opens are the process's only open ones: fix sources go when the last open Session
+    closes, and a module fixture elsewhere in this process may hold a Session open all along."""
+    monkeypatch.setattr(session_module, "_OPEN", weakref.WeakSet())
+
+
+def fix_source_in_linecache(session: Session) -> str:
+    """Load a patch function (the addPatch request's way); the pseudo file linecache holds its text under."""
+    named_patch(session.program, "keep", session.program.nodes[0].name, function=IDENTITY)
+    file = text_file(IDENTITY, "function")
     assert linecache.getline(file, 1) == IDENTITY.splitlines(True)[0]
     return file
 
 
-def test_closing_a_session_drops_the_fix_sources_it_put_in_linecache():
+def test_closing_a_session_drops_the_fix_sources_it_put_in_linecache(only_these_sessions):
     session = launched()
     before = set(linecache.cache)
-    fix_source_in_linecache(session, "closing")
+    fix_source_in_linecache(session)
     session.close()
     assert set(linecache.cache) == before
 
 
 @pytest.mark.parametrize("first", [0, 1], ids=["first-opened-closes-first", "last-opened-closes-first"])
-def test_fix_sources_stay_in_linecache_until_the_last_open_session_closes(first):
+def test_fix_sources_stay_in_linecache_until_the_last_open_session_closes(first, only_these_sessions):
     sessions = [launched(), launched()]
-    file = fix_source_in_linecache(sessions[0], f"last of two, {first}")
+    file = fix_source_in_linecache(sessions[0])
     sessions[first].close()
     assert linecache.getline(file, 1) == IDENTITY.splitlines(True)[0]  # the other session's tracebacks show it
     sessions[1 - first].close()
