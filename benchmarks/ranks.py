@@ -13,6 +13,9 @@ side by side in one run.
   step of every rank that crosses a collective against one that does not (p50), on a fresh launch: the
   coordinator's fence, match and joint motion, with the collective itself.
 - Step back across a collective: from right after a collective, one node back on every rank (back across it).
+- Data parallel: examples/data_parallel.py's training step (forward, backward with a gradient all_reduce per
+  parameter, SGD's update) under plain torch.distributed (eager autograd and hooks) and under Rewind, and under Rewind
+  with the `replicas` check on every parameter (its digests compared across ranks after each motion).
 - Mismatch: tests/models/ranks/skipped_collective.py on N ranks (rank 1 skips an all_reduce its peers call): from
   `run()` at entry to the exception stop. The same program under plain torch.distributed hangs (until gloo's
   timeout: 30 minutes by default).
@@ -43,12 +46,15 @@ from hardware.ranks.launcher import RankLauncher  # noqa: E402
 from hardware.ticks import Direction  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "tensor_parallel.py"
+DATA_PARALLEL = ROOT / "examples" / "data_parallel.py"
+PARAMETERS = ["up.weight", "up.bias", "down.weight", "down.bias"]  # data_parallel.MLP's: replicated on every rank
 SKIPPED = ROOT / "tests" / "models" / "ranks" / "skipped_collective.py"
 
 
 # -- eager: plain torch.distributed ---------------------------------------------------------------------------
-def eager_ms(world_size: int, calls: int) -> float:
-    """The slowest rank's median call of the model, in ms, each rank a process forked from this one."""
+def eager_ms(world_size: int, calls: int, call=None) -> float:
+    """The slowest rank's median call, in ms, each rank a process forked from this one; `call(rank, world_size)`
+    makes what a rank calls (default: the tensor-parallel model's forward)."""
     store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=120))
     reads = []
@@ -56,7 +62,7 @@ def eager_ms(world_size: int, calls: int) -> float:
         read, write = os.pipe()
         if os.fork() == 0:
             os.close(read)
-            _eager_rank(rank, world_size, store.port, calls, write)
+            _eager_rank(rank, world_size, store.port, calls, write, call or _forward)
         os.close(write)
         reads.append(read)
     medians = []
@@ -68,18 +74,35 @@ def eager_ms(world_size: int, calls: int) -> float:
     return max(medians)
 
 
-def _eager_rank(rank: int, world_size: int, port: int, calls: int, write: int) -> None:
+def _forward(rank: int, world_size: int):
+    model, inputs = load_module(EXAMPLE)
+    return lambda: model(*inputs)
+
+
+def _training_step(rank: int, world_size: int):
+    from examples import data_parallel  # deferred: only the data-parallel rows import the example
+    model, (x, y), loss, optimizer = data_parallel.train_step(rank, world_size)
+
+    def step():
+        with torch.enable_grad():
+            optimizer.zero_grad()
+            loss(model(x), y).backward()
+            optimizer.step()
+    return step
+
+
+def _eager_rank(rank: int, world_size: int, port: int, calls: int, write: int, call) -> None:
     code = 1
     try:
         tcp = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timedelta(seconds=120))
         dist.init_process_group("gloo", store=tcp, rank=rank, world_size=world_size)
-        model, inputs = load_module(EXAMPLE)
+        once = call(rank, world_size)
         times = []
         with torch.no_grad():
             for _ in range(calls + 1):
                 dist.barrier()
                 t = time.perf_counter()
-                model(*inputs)
+                once()
                 times.append((time.perf_counter() - t) * 1e3)
         os.write(write, json.dumps({"ms": statistics.median(times[1:])}).encode())
         dist.destroy_process_group()
@@ -98,10 +121,16 @@ def timed(fn) -> tuple[float, object]:
 def rewind_rows(world_size: int, launcher: RankLauncher, repeats: int, samples: int,
                 launches: list[float]) -> dict:
     """Every Rewind figure for `world_size` ranks; the time of each launch is added to `launches`."""
-    def launch(program: Path) -> Coordinator:
-        ms, c = timed(lambda: Coordinator(str(program), world_size, launcher=launcher))
+    def launch(program: Path, **options) -> Coordinator:
+        ms, c = timed(lambda: Coordinator(str(program), world_size, launcher=launcher, **options))
         launches.append(ms)
         return c
+
+    def training(**options) -> float:
+        with launch(DATA_PARALLEL, entry="train_step", **options) as c:
+            ms, stop = timed(c.run)
+            assert stop.reason == "end", stop
+            return ms
 
     runs = []
     for _ in range(repeats):
@@ -119,7 +148,9 @@ def rewind_rows(world_size: int, launcher: RankLauncher, repeats: int, samples: 
             ms, stop = timed(c.run)
             assert stop.reason == "exception" and stop.finding, stop
             mismatch.append(ms)
-    return {"run": statistics.median(runs), "nodes": nodes,
+    train = statistics.median(training() for _ in range(repeats))
+    replicas = statistics.median(training(replicas=PARAMETERS) for _ in range(repeats))
+    return {"run": statistics.median(runs), "nodes": nodes, "train": train, "replicas": replicas,
             "collectives": len(collectives), "back": back, "plain": plain, "crossing": crossing,
             "mismatch": statistics.median(mismatch)}
 
@@ -151,7 +182,7 @@ def step_back_across(c: Coordinator, samples: int) -> tuple[float, float]:
 
 # -- the table --------------------------------------------------------------------------------------------------
 def table(sizes: list[int], eager: dict[int, float], rewind: dict[int, dict],
-          launches: dict[int, list[float]]) -> str:
+          launches: dict[int, list[float]], training: dict[int, float]) -> str:
     def row(name: str, cell) -> str:
         return f"| {name} | " + " | ".join(cell(n) for n in sizes) + " |"
 
@@ -174,6 +205,12 @@ def table(sizes: list[int], eager: dict[int, float], rewind: dict[int, dict],
         row("overhead per collective (the difference)", lambda n: f"{r[n]['crossing'] - r[n]['plain']:.2f} ms"),
         row("step back across a collective, p50 / p95",
             lambda n: f"{r[n]['back'][0]:.2f} / {r[n]['back'][1]:.2f} ms"),
+        row("data-parallel training step, plain torch.distributed (slowest rank, median)",
+            lambda n: f"{training[n]:.2f} ms"),
+        row("Rewind: the training step to the end", lambda n: f"{r[n]['train']:.1f} ms "
+                                                              f"({r[n]['train'] / training[n]:.1f}x eager)"),
+        row("the same with the replicas check on every parameter",
+            lambda n: f"{r[n]['replicas']:.1f} ms ({r[n]['replicas'] / r[n]['train']:.2f}x without)"),
         row("planted skipped collective: entry to the stop (median)", lambda n: f"{r[n]['mismatch']:.1f} ms"),
         row("the same program, plain torch.distributed", lambda n: "hangs (until gloo's timeout)"),
     ]
@@ -194,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name} is a number of times, at least 1")
     sizes = [2] if args.small else [2, 4]
     eager = {n: eager_ms(n, args.calls) for n in sizes}  # first: forked before this process runs anything
+    training = {n: eager_ms(n, args.calls, _training_step) for n in sizes}
     launches: dict[int, list[float]] = {n: [] for n in sizes}
     launcher = RankLauncher()  # its start is part of the first launch's time
     try:
@@ -202,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         launcher.close()
     print(f"Many ranks on {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, gloo; "
           f"{datetime.date.today()}; {args.repeats} launch(es) per figure\n")
-    print(table(sizes, eager, rewind, launches))
+    print(table(sizes, eager, rewind, launches, training))
     return 0
 
 

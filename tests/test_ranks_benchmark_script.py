@@ -18,6 +18,8 @@ ROWS = ("| model | examples/tensor_parallel.py: 12 nodes, 2 all_reduce per rank 
         "| Rewind: run to the end (first execution, consistent cuts) |", "| overhead per node |",
         "| one-node step of every rank, p50 |", "| one-node step across a collective, p50 |",
         "| overhead per collective (the difference) |", "| step back across a collective, p50 / p95 |",
+        "| data-parallel training step, plain torch.distributed (slowest rank, median) |",
+        "| Rewind: the training step to the end |", "| the same with the replicas check on every parameter |",
         "| planted skipped collective: entry to the stop (median) |",
         "| the same program, plain torch.distributed | hangs (until gloo's timeout) |")
 
