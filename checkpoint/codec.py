@@ -49,11 +49,11 @@ _PHASES = get_args(Phase)
 def dtype_of(name: str) -> torch.dtype:
     dtype = DTYPES.get(name) if isinstance(name, str) else None
     if dtype is None:
-        raise RewindError(f"unknown dtype {_show(name)}")
+        raise RewindError(f"unknown dtype {shown(name)}")
     return dtype
 
 
-def _show(value: Any, limit: int = 80) -> str:
+def shown(value: Any, limit: int = 80) -> str:
     """A value from a file, quoted and cut short, for an error message."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
@@ -72,14 +72,14 @@ def encode_tensor(tensor: torch.Tensor, compress: bool = True) -> dict:
 def check_shape(shape: Any, what: str = "shape", limit: int = MAX_TENSOR_BYTES) -> tuple[int, ...]:
     """A shape from a file: a list of at most MAX_NDIM non-negative ints with at most `limit` elements."""
     if not isinstance(shape, (list, tuple)) or len(shape) > MAX_NDIM:
-        raise RewindError(f"{what} {_show(shape)} is not a list of at most {MAX_NDIM} sizes")
+        raise RewindError(f"{what} {shown(shape)} is not a list of at most {MAX_NDIM} sizes")
     if not all(type(s) is int and 0 <= s <= limit for s in shape):
-        raise RewindError(f"{what} {_show(shape)} holds a size that is not an integer in 0..{limit}")
+        raise RewindError(f"{what} {shown(shape)} holds a size that is not an integer in 0..{limit}")
     numel = 1
     for s in shape:
         numel = min(numel * s, limit + 1)  # stays over the limit once over it (until a 0 makes it empty)
     if numel > limit:
-        raise RewindError(f"{what} {_show(shape)} has more than {limit} elements")
+        raise RewindError(f"{what} {shown(shape)} has more than {limit} elements")
     return tuple(shape)
 
 
@@ -87,7 +87,7 @@ def decode_tensor(obj: Any, device: str | torch.device = "cpu") -> torch.Tensor:
     """A tensor record back to a tensor. Every field is checked first, and the declared size against what the
     record's bytes can hold: nothing is allocated for a size the record cannot back."""
     if not isinstance(obj, dict):
-        raise RewindError(f"corrupt tensor record: not a map but {_show(obj)}")
+        raise RewindError(f"corrupt tensor record: not a map but {shown(obj)}")
     for key in ("dtype", "shape", "nbytes", "data"):
         if key not in obj:
             raise RewindError(f"corrupt tensor record: no '{key}'")
@@ -98,7 +98,7 @@ def decode_tensor(obj: Any, device: str | torch.device = "cpu") -> torch.Tensor:
         raise RewindError(f"corrupt tensor record: {exc}") from None
     nbytes, data, compressed = obj["nbytes"], obj["data"], obj.get("lz4", False)
     if not isinstance(compressed, bool):
-        raise RewindError(f"corrupt tensor record: 'lz4' is {_show(compressed)}, not true or false")
+        raise RewindError(f"corrupt tensor record: 'lz4' is {shown(compressed)}, not true or false")
     if not isinstance(data, (bytes, bytearray)):
         raise RewindError("corrupt tensor record: its data are not bytes")
     numel = 1
@@ -106,7 +106,7 @@ def decode_tensor(obj: Any, device: str | torch.device = "cpu") -> torch.Tensor:
         numel *= s
     expected = numel * dtype.itemsize
     if type(nbytes) is not int or nbytes != expected or nbytes > MAX_TENSOR_BYTES:
-        raise RewindError(f"corrupt tensor record: {_show(nbytes)} bytes declared for shape {list(shape)} of "
+        raise RewindError(f"corrupt tensor record: {shown(nbytes)} bytes declared for shape {list(shape)} of "
                           f"{obj['dtype']} ({expected} bytes)")
     if compressed:
         if nbytes > LZ4_MAX_RATIO * len(data) + 64:
@@ -159,29 +159,29 @@ def decode_arg(obj: Any, depth: int = 0) -> Any:
     if isinstance(obj, list):
         return [decode_arg(o, depth + 1) for o in obj]
     if not isinstance(obj, dict) or len(obj) != 1:
-        raise RewindError(f"corrupt node argument {_show(obj)}")
+        raise RewindError(f"corrupt node argument {shown(obj)}")
     (tag, value), = obj.items()
     if tag == "$ref":
         if not isinstance(value, str) or not value:
-            raise RewindError(f"corrupt value reference {_show(value)}")
+            raise RewindError(f"corrupt value reference {shown(value)}")
         return Ref(value)
     if tag == "$dtype":
         return dtype_of(value)
     if tag == "$device":
         if not isinstance(value, str) or not _DEVICE.fullmatch(value):
-            raise RewindError(f"unknown device {_show(value)}")
+            raise RewindError(f"unknown device {shown(value)}")
         return torch.device(value)
     if tag in ("$layout", "$memory_format"):
         table = LAYOUTS if tag == "$layout" else MEMORY_FORMATS
         found = table.get(value) if isinstance(value, str) else None
         if found is None:
-            raise RewindError(f"unknown {tag[1:].replace('_', ' ')} {_show(value)}")
+            raise RewindError(f"unknown {tag[1:].replace('_', ' ')} {shown(value)}")
         return found
     if tag == "$tuple" and isinstance(value, list):
         return tuple(decode_arg(o, depth + 1) for o in value)
     if tag == "$dict" and isinstance(value, dict) and all(isinstance(k, str) for k in value):
         return {k: decode_arg(v, depth + 1) for k, v in value.items()}
-    raise RewindError(f"corrupt node argument {_show(obj)}")
+    raise RewindError(f"corrupt node argument {shown(obj)}")
 
 
 class _Unavailable:
@@ -242,7 +242,7 @@ def _unloc(obj: Any, what: str) -> SourceLoc | None:
         return None
     if (not isinstance(obj, list) or len(obj) != 3 or not isinstance(obj[0], str) or type(obj[1]) is not int
             or not 0 <= obj[1] < 2**31 or not isinstance(obj[2], str)):
-        raise RewindError(f"{what} has a malformed source location {_show(obj)}")
+        raise RewindError(f"{what} has a malformed source location {shown(obj)}")
     return SourceLoc(obj[0], obj[1], obj[2])
 
 
@@ -268,7 +268,7 @@ def encode_program(program: Program) -> dict:
 
 def _str_list(obj: Any, what: str) -> list[str]:
     if not isinstance(obj, list) or not all(isinstance(s, str) for s in obj):
-        raise RewindError(f"{what} is not a list of names: {_show(obj)}")
+        raise RewindError(f"{what} is not a list of names: {shown(obj)}")
     return obj
 
 
@@ -280,22 +280,22 @@ def _str_map(obj: Any, what: str) -> dict[str, str]:
 
 def _decode_value(v: Any, count: int) -> ValueInfo:
     if not isinstance(v, list) or len(v) != 7 or not isinstance(v[0], str) or not v[0]:
-        raise RewindError(f"value record {_show(v)} is malformed")
+        raise RewindError(f"value record {shown(v)} is malformed")
     name, kind, dtype, shape, producer, output_index, target = v
     what = f"value '{name}'"
     if kind not in _VALUE_KINDS:
-        raise RewindError(f"{what} has unknown kind {_show(kind)}")
+        raise RewindError(f"{what} has unknown kind {shown(kind)}")
     dtype_of(dtype)
     shape = check_shape(shape, f"{what} has shape", 2**48)
     if producer is not None and (type(producer) is not int or not 0 <= producer < count):
-        raise RewindError(f"{what} names producer node {_show(producer)}, which the program does not have "
+        raise RewindError(f"{what} names producer node {shown(producer)}, which the program does not have "
                           f"({count} nodes)")
     if (producer is None) != (kind != "intermediate"):
         raise RewindError(f"{what} is of kind {kind} but {'has' if producer is not None else 'lacks'} a producer node")
     if type(output_index) is not int or not 0 <= output_index < 2**16:
-        raise RewindError(f"{what} has output index {_show(output_index)}")
+        raise RewindError(f"{what} has output index {shown(output_index)}")
     if target is not None and not isinstance(target, str):
-        raise RewindError(f"{what} has target {_show(target)}")
+        raise RewindError(f"{what} has target {shown(target)}")
     return ValueInfo(name, kind, dtype, shape, producer, output_index, target)
 
 
@@ -308,11 +308,11 @@ def _decode_node(i: int, n: Any, values: dict[str, ValueInfo]) -> Node:
             raise RewindError(f"{what} has no '{key}'")
     op = n["op"]
     if not isinstance(op, str):
-        raise RewindError(f"{what} names op {_show(op)}, which is not a registered torch operator")
+        raise RewindError(f"{what} names op {shown(op)}, which is not a registered torch operator")
     try:
         target = resolve_op(op)
     except RewindError:
-        raise RewindError(f"{what} names op {_show(op)}, which is not a registered torch operator") from None
+        raise RewindError(f"{what} names op {shown(op)}, which is not a registered torch operator") from None
     try:
         args, kwargs = decode_arg(n["args"]), decode_arg(n["kwargs"])
     except RewindError as exc:
@@ -329,7 +329,7 @@ def _decode_node(i: int, n: Any, values: dict[str, ValueInfo]) -> Node:
     indices = n["output_indices"]
     if (not isinstance(indices, list) or len(indices) != len(outputs)
             or not all(type(x) is int and 0 <= x < 2**16 for x in indices)):
-        raise RewindError(f"{what} has malformed output indices {_show(indices)}")
+        raise RewindError(f"{what} has malformed output indices {shown(indices)}")
     for out in outputs:
         info = values.get(out)
         if info is None or info.producer != i:
@@ -341,7 +341,7 @@ def _decode_node(i: int, n: Any, values: dict[str, ValueInfo]) -> Node:
     for f in frames:
         if (not isinstance(f, list) or len(f) != 3 or f[0] is None
                 or not all(x is None or isinstance(x, str) for x in f[1:])):
-            raise RewindError(f"{what} has a malformed frame {_show(f)}")
+            raise RewindError(f"{what} has a malformed frame {shown(f)}")
         decoded_frames.append(Frame(_unloc(f[0], what), f[1], f[2]))
     stack = n["module_stack"]
     if not isinstance(stack, list) or not all(isinstance(m, list) and len(m) == 2
@@ -350,10 +350,10 @@ def _decode_node(i: int, n: Any, values: dict[str, ValueInfo]) -> Node:
     # A training step's fields; a trace written before them holds inference passes: forward nodes of step 0.
     phase, step, differentiates = n.get("phase", "forward"), n.get("step", 0), n.get("differentiates")
     if phase not in _PHASES or type(step) is not int or not 0 <= step < 2**31:
-        raise RewindError(f"{what} has a malformed phase {_show(phase)} or step {_show(step)}")
+        raise RewindError(f"{what} has a malformed phase {shown(phase)} or step {shown(step)}")
     if differentiates is not None and (phase != "backward" or type(differentiates) is not int
                                        or not 0 <= differentiates < i):
-        raise RewindError(f"{what} differentiates node {_show(differentiates)}, not a forward node before it")
+        raise RewindError(f"{what} differentiates node {shown(differentiates)}, not a forward node before it")
     return Node(index=i, name=n["name"], op=op, target=target, args=args, kwargs=kwargs, outputs=list(outputs),
                 output_indices=tuple(indices), loc=_unloc(n["loc"], what), frames=tuple(decoded_frames),
                 module_stack=tuple(tuple(m) for m in stack), phase=phase, step=step, differentiates=differentiates)
@@ -458,7 +458,7 @@ def decode_program(obj: Any, initial: dict[str, Any]) -> Program:
     starts, losses, gradients = _training_fields(obj, values, len(decoded))
     optimizer = obj.get("optimizer", "")
     if not isinstance(optimizer, str) or not (optimizer == "" or _IDENTIFIER.fullmatch(optimizer)):
-        raise RewindError(f"the program's optimizer {_show(optimizer)} is not the name of a class")
+        raise RewindError(f"the program's optimizer {shown(optimizer)} is not the name of a class")
     return Program(name=obj["name"], nodes=decoded, values=values, initial=initial, outputs=list(outputs),
                    buffer_mutations=dict(mutations), source_files=dict(sources), step_starts=starts, losses=losses,
                    gradients=gradients, optimizer=optimizer)
@@ -470,7 +470,7 @@ def _training_fields(obj: dict, values: dict[str, ValueInfo], count: int) -> tup
     starts = obj.get("step_starts", [])
     if (not isinstance(starts, list) or not all(type(s) is int and 0 <= s < count for s in starts)
             or starts[:1] not in ([], [0]) or starts != sorted(set(starts))):
-        raise RewindError(f"the program's step starts {_show(starts)} are not node indices rising from 0")
+        raise RewindError(f"the program's step starts {shown(starts)} are not node indices rising from 0")
     losses = _str_list(obj.get("losses", []), "the program's losses")
     gradients = obj.get("gradients", [])
     if not isinstance(gradients, list):
@@ -479,7 +479,7 @@ def _training_fields(obj: dict, values: dict[str, ValueInfo], count: int) -> tup
     named = losses + [n for g in gradients for pair in g.items() for n in pair]
     unknown = next((n for n in named if n not in values), None)
     if unknown is not None:
-        raise RewindError(f"the program's losses or gradients name {_show(unknown)}, which is not a value of it")
+        raise RewindError(f"the program's losses or gradients name {shown(unknown)}, which is not a value of it")
     if not len(losses) == len(gradients) == len(starts):
         raise RewindError(f"the program has {len(starts)} steps, {len(losses)} losses and {len(gradients)} maps of "
                           "gradients")

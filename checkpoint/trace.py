@@ -24,9 +24,9 @@ from typing import Any, BinaryIO, Callable, Iterator
 
 import msgpack
 
-from checkpoint.codec import check_shape, decode_program, decode_tensor, dtype_of, encode_tensor
+from checkpoint.codec import check_shape, decode_program, decode_tensor, dtype_of, encode_tensor, shown
 from checkpoint.safe_files import AtomicFile, FileWriteError, place, write_error
-from hardware.errors import RewindError
+from hardware.errors import RewindError, os_reason
 from hardware.program import Program
 from hardware.ticks import Tick
 from provenance.writelog import KIND_BUFFER, KIND_EDIT, KIND_NODE, KIND_VIEW
@@ -233,8 +233,8 @@ class TraceReader:
             fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         except FileNotFoundError:
             raise TraceError(f"trace file not found: {self.path}") from None
-        except OSError as exc:
-            raise TraceError(f"cannot open trace {self.path}: {exc.strerror}") from None
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+            raise TraceError(f"cannot open trace {self.path}: {os_reason(exc)}") from None
         st = os.fstat(fd)
         if not S_ISREG(st.st_mode):
             os.close(fd)
@@ -438,7 +438,7 @@ class TraceReader:
             c.initial[name] = self._at[0]
         elif kind == STEP:
             if not isinstance(obj, list) or len(obj) != 4:
-                raise _Bad(f"it is {_show(obj)}, not [tick, unit, node, edit]")
+                raise _Bad(f"it is {shown(obj)}, not [tick, unit, node, edit]")
             tick = _int(obj[0], 0, len(c.steps) + 1, "its tick")
             if tick < len(c.steps):  # the step was tried again (its first try failed): the first try is void
                 _apply_truncate(c, tick)
@@ -459,7 +459,7 @@ class TraceReader:
             c.checkpoints.append(_check_checkpoint(obj, len(c.steps), c.initial, rows))
         elif kind == TRUNCATE:
             if type(obj) is not int or not 0 <= obj <= len(c.steps):
-                raise _Bad(f"it voids from tick {_show(obj)}, not a tick of the {len(c.steps)} recorded")
+                raise _Bad(f"it voids from tick {shown(obj)}, not a tick of the {len(c.steps)} recorded")
             _apply_truncate(c, obj)
             for t in [t for t in rows if t >= obj]:
                 del rows[t]
@@ -498,7 +498,7 @@ class TraceReader:
             if expect is not None:
                 got = _named(obj, ("name",) if kind == INITIAL else ("name", "tick"))
                 if got != expect:
-                    raise _Bad(f"it holds {_show(got)}, where the index says {_show(expect)}")
+                    raise _Bad(f"it holds {shown(got)}, where the index says {shown(expect)}")
             tensor = decode_tensor(obj["tensor"])
             info = self.program.values.get(str(obj.get("name"))) if self.program is not None else None
             if info is not None and tuple(tensor.shape) != info.shape:  # (a driver may compute in another dtype)
@@ -566,20 +566,15 @@ def unpacked(data: bytes, **options: Any) -> tuple[Any, str | None]:
         return None, "it is not valid msgpack"
 
 
-def _show(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
 def _int(value: Any, lo: int, hi: int, what: str) -> int:
     if type(value) is not int or not lo <= value < hi:
-        raise _Bad(f"{what} is {_show(value)}, not an integer in {lo}..{hi - 1}")
+        raise _Bad(f"{what} is {shown(value)}, not an integer in {lo}..{hi - 1}")
     return value
 
 
 def _text(value: Any, what: str) -> str:
     if not isinstance(value, str) or len(value) > _MAX_NAME:
-        raise _Bad(f"{what} is {_show(value)}, not a name")
+        raise _Bad(f"{what} is {shown(value)}, not a name")
     return value
 
 
@@ -589,7 +584,7 @@ def _named(obj: Any, keys: tuple[str, ...]) -> tuple:
         raise _Bad("it is not a map")
     name = obj.get("name")
     if not isinstance(name, str):
-        raise _Bad(f"its name is {_show(name)}")
+        raise _Bad(f"its name is {shown(name)}")
     if len(keys) == 1:
         return (name,)
     return name, _int(obj.get("tick"), 0, _I64, "its tick")
@@ -605,14 +600,14 @@ def _check_meta(obj: Any) -> dict:
     if "units" in meta:
         units = meta["units"]
         if not isinstance(units, list) or not 0 < len(units) <= _MAX_UNITS:
-            raise _Bad(f"'units' is {_show(units)}, not a list of unit names")
+            raise _Bad(f"'units' is {shown(units)}, not a list of unit names")
         for u in units:
             _text(u, "a unit name")
     locations = meta.get("initial_locations", {})
     if not isinstance(locations, dict):
         raise _Bad("'initial_locations' is not a map")
     for name, loc in locations.items():
-        what = f"the location of {_show(name)}"
+        what = f"the location of {shown(name)}"
         if not isinstance(name, str) or not isinstance(loc, dict):
             raise _Bad(f"{what} is malformed")
         for key in ("chip", "unit", "space", "dtype"):
@@ -625,7 +620,7 @@ def _check_meta(obj: Any) -> dict:
             raise _Bad(str(exc)) from None
         strides = loc.get("strides")
         if not isinstance(strides, list) or len(strides) > 64:
-            raise _Bad(f"{what}: 'strides' is {_show(strides)}")
+            raise _Bad(f"{what}: 'strides' is {shown(strides)}")
         for s in strides:
             _int(s, -_I64, _I64, f"{what}: a stride")
     return meta
@@ -645,11 +640,11 @@ def _check_step(obj: list, c: TraceContents, program: Program, units: int) -> No
                        f"each once")
         return
     if not isinstance(edit, dict):
-        raise _Bad(f"its edit is {_show(edit)}")
+        raise _Bad(f"its edit is {shown(edit)}")
     value = edit.get("value")
     info = program.values.get(value) if isinstance(value, str) else None
     if info is None:
-        raise _Bad(f"its edit writes {_show(value)}, which is not a value of the program")
+        raise _Bad(f"its edit writes {shown(value)}, which is not a value of the program")
     data = edit.get("data")
     if not isinstance(data, bytes):
         raise _Bad("its edit's data are not bytes")
@@ -663,17 +658,17 @@ def _check_step(obj: list, c: TraceContents, program: Program, units: int) -> No
 
 def _check_write(obj: Any, c: TraceContents, program: Program) -> tuple[str, int]:
     if not isinstance(obj, list) or len(obj) != 14:
-        raise _Bad(f"it is not a write-log row of 14 fields: {_show(obj)}")
+        raise _Bad(f"it is not a write-log row of 14 fields: {shown(obj)}")
     tick, unit, node, value, kind, space, address, nbytes, digest, nan, inf, lo, hi, mean = obj
     if not c.steps or tick != c.steps[-1][0]:
-        raise _Bad(f"it writes at tick {_show(tick)}, not at the tick of the step before it")
+        raise _Bad(f"it writes at tick {shown(tick)}, not at the tick of the step before it")
     step_node, edit = c.steps[-1][2], c.steps[-1][3]
     _text(unit, "its unit")
     _text(space, "its memory space")
     if node != (-1 if step_node is None else step_node):
-        raise _Bad(f"it names node {_show(node)}, not the node its step ran")
+        raise _Bad(f"it names node {shown(node)}, not the node its step ran")
     if kind not in KIND_NAMES_WRITES:
-        raise _Bad(f"its kind is {_show(kind)}")
+        raise _Bad(f"its kind is {shown(kind)}")
     if edit is not None:
         allowed = {edit["value"]: (KIND_EDIT,)}
     else:
@@ -681,7 +676,7 @@ def _check_write(obj: Any, c: TraceContents, program: Program) -> tuple[str, int
         allowed = {o: (KIND_NODE, KIND_VIEW) for o in outputs}
         allowed.update({program.buffer_mutations[o]: (KIND_BUFFER,) for o in outputs if o in program.buffer_mutations})
     if value not in allowed or kind not in allowed[value]:
-        raise _Bad(f"it logs a {KIND_NAMES_WRITES[kind]} of {_show(value)}, which its step does not write")
+        raise _Bad(f"it logs a {KIND_NAMES_WRITES[kind]} of {shown(value)}, which its step does not write")
     _int(address, 0, 2**64, "its address")
     _int(nbytes, 0, _I64, "its size")
     _int(digest, -_I64, _I64, "its digest")
@@ -689,7 +684,7 @@ def _check_write(obj: Any, c: TraceContents, program: Program) -> tuple[str, int
     _int(inf, 0, _I64, "its Inf count")
     for stat, what in ((lo, "minimum"), (hi, "maximum"), (mean, "mean")):
         if type(stat) not in (int, float) or (type(stat) is int and not -_I64 <= stat < _I64):
-            raise _Bad(f"its {what} is {_show(stat)}")
+            raise _Bad(f"its {what} is {shown(stat)}")
     return value, kind
 
 
@@ -697,14 +692,14 @@ def _check_checkpoint(obj: Any, ticks: int, initial: dict[str, int], rows: dict[
     """[tick, pins]: a tick reached, and pins [value, version] naming versions the trace recorded before it (an
     initial value's version is -1)."""
     if not isinstance(obj, list) or len(obj) != 2 or not isinstance(obj[1], list):
-        raise _Bad(f"it is {_show(obj)}, not [tick, pins]")
+        raise _Bad(f"it is {shown(obj)}, not [tick, pins]")
     tick, pins = obj
     _int(tick, 0, ticks + 1, "its tick")
     for pin in pins:
         if (not isinstance(pin, list) or len(pin) != 2 or not isinstance(pin[0], str) or type(pin[1]) is not int
                 or not -1 <= pin[1] < tick
                 or not (pin[0] in initial if pin[1] == -1 else pin[0] in rows.get(pin[1], {}))):
-            raise _Bad(f"it pins {_show(pin)}, not a version recorded before tick {tick}")
+            raise _Bad(f"it pins {shown(pin)}, not a version recorded before tick {tick}")
     return obj
 
 

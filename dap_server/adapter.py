@@ -52,11 +52,13 @@ class Motion:
 
 class Adapter:
     def __init__(self, emit: Callable[[str, dict | None], None],
-                 notify: Callable[[str, dict], None] = lambda kind, body: None):
+                 notify: Callable[[str, dict], None] = lambda kind, body: None, session_kind: type[Session] = Session):
+        """`session_kind`: the Session of one process (a rank's engine has one of its own: hardware/ranks/worker.py)."""
         self.emit = emit  # thread-safe: queue an event for the client
         self.notify = notify  # thread-safe: tell the front something that is not for the client (a recording's file)
         self.client = ClientCapabilities()
         self.events = SessionEvents(self)
+        self._session_kind = session_kind
         self.session: Session | RankedSession = self._one_process()
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rewind-session")
         self.variables = VariableTable()
@@ -154,7 +156,7 @@ class Adapter:
 
     # -- the session ------------------------------------------------------------------------------------
     def _one_process(self) -> Session:
-        session = Session(on_event=self.events)
+        session = self._session_kind(on_event=self.events)
         session.set_exception_filters(DEFAULT_EXCEPTION_FILTERS)  # until the client chooses its own
         return session
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from dap_server.frames import check_thread
 from dap_server.requests import StrictArguments, request
 from hardware.errors import RewindError, echo
 
@@ -14,11 +15,12 @@ if TYPE_CHECKING:
 class ValueAtArguments(StrictArguments):
     address: str | int  # a device address: an integer, or a string "0x7f3a..." (a DAP memory reference)
     tick: int | None = None  # default: the current position
+    threadId: int | None = None  # with ranks: the rank asked (docs/ranks.md, "Many ranks"); else only checked
 
 
 @request("valueAt")
 def value_at(adapter: "RequestContext", args: ValueAtArguments) -> dict:
-    adapter.require_launched()
+    check_thread(adapter, args.threadId)
     session = adapter.session
     tick = session.position if args.tick is None else args.tick
     if not 0 <= tick <= session.end:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from dap_server.events import working
+from dap_server.frames import check_thread
 from dap_server.requests import StrictArguments, request
 from hardware.errors import RewindError
 from provenance.births import births
@@ -19,12 +20,12 @@ MAX_TIMELINE_TICKS = 10_000
 
 
 class CheckpointsArguments(StrictArguments):
-    pass
+    threadId: int | None = None  # with ranks: the rank asked (docs/ranks.md, "Many ranks"); else only checked
 
 
 @request("checkpoints")
 def checkpoints(adapter: "RequestContext", args: CheckpointsArguments) -> dict:
-    adapter.require_launched()
+    check_thread(adapter, args.threadId)
     return {"checkpoints": adapter.session.checkpoints()}
 
 
@@ -65,11 +66,12 @@ def provenance(adapter: "RequestContext", args: ProvenanceArguments) -> dict:
 class TimelineArguments(StrictArguments):
     start: int | None = None  # default: the current position
     count: int = Field(100, ge=0, le=MAX_TIMELINE_TICKS)
+    threadId: int | None = None  # with ranks: the rank asked (docs/ranks.md, "Many ranks"); else only checked
 
 
 @request("timeline")
 def timeline(adapter: "RequestContext", args: TimelineArguments) -> dict:
-    adapter.require_launched()
+    check_thread(adapter, args.threadId)
     session = adapter.session
     start = session.position if args.start is None else args.start
     return {"position": session.position, "end": session.end, "ticks": session.timeline_entries(start, args.count),
@@ -79,12 +81,14 @@ def timeline(adapter: "RequestContext", args: TimelineArguments) -> dict:
 class TimelineEventsArguments(StrictArguments):
     start: int = Field(0, ge=0)  # first tick
     count: int | None = Field(None, ge=0)  # ticks (default: to the end)
+    threadId: int | None = None  # with ranks: the rank asked (docs/ranks.md, "Many ranks"); else only checked
 
 
 @request("timelineEvents")
 def timeline_events(adapter: "RequestContext", args: TimelineEventsArguments) -> dict:
     """What happens where, merged by tick: the stops breakpoints make, the births of NaN/Inf (a write of non-finite
     values its inputs did not carry), the checkpoints. The pass is run to its end first."""
+    check_thread(adapter, args.threadId)
     with working(adapter, "Listing the timeline's events"):
         session = adapter.session
         stop = session.end + 1 if args.count is None else args.start + args.count

@@ -30,11 +30,12 @@ from typing import Callable
 from dap_server import channel, paths
 from dap_server.adapter import Adapter
 from dap_server.dispatch import Dispatcher
+from dap_server.ranks import RankVariables
 from dap_server.requests import REQUESTS
 from hardware.errors import RewindError
 from hardware.events import Output
 from hardware.ranks.launcher import serve as serve_ranks
-from hardware.ranks.worker import RankEngine, run_rank
+from hardware.ranks.worker import FencedSession, RankEngine, run_rank
 
 log = logging.getLogger("dap_server")
 MAX_PROGRAM_OUTPUT = 2**20  # bytes of the program's stdout shown to the client per session
@@ -120,7 +121,8 @@ class RankAdapterEngine(RankEngine):
     (`dap` messages) with the usual handlers over its own Session; what they say goes back as the rank's notes."""
 
     def __init__(self, rank: int, world_size: int):
-        self.adapter = Adapter(self._emit)
+        self.adapter = Adapter(self._emit, session_kind=FencedSession)
+        self.adapter.variables = RankVariables(rank)  # a value's location names this rank
         super().__init__(rank, world_size, session=self.adapter.session)
 
     def _emit(self, event: str, body: dict | None = None) -> None:
@@ -141,7 +143,7 @@ class RankAdapterEngine(RankEngine):
         handler = REQUESTS.get(str(m.get("command")))
         if handler is None:
             raise RewindError(f"unknown request '{m.get('command')}'")
-        return handler.fn(self.adapter, handler.parse(m.get("arguments")))
+        return self.reading(f"'{handler.command}'", lambda: handler.fn(self.adapter, handler.parse(m.get("arguments"))))
 
     def do_motion(self, m: dict) -> dict:
         self.adapter.variables.clear()  # references live for one stop, here as in the adapter

@@ -25,6 +25,15 @@ def thread_unit(adapter: "RequestContext", thread_id: int) -> int:
     return thread_id - 1
 
 
+def check_thread(adapter: "RequestContext", thread_id: int | None) -> None:
+    """A request about ticks that may name a thread (Rewind's own): with ranks, each rank has ticks of its own and
+    the thread names the rank (dap_server/ranks.py); one process's threads share its one timeline, so the thread is
+    only checked."""
+    adapter.require_launched()
+    if thread_id is not None:
+        thread_unit(adapter, thread_id)
+
+
 class ThreadsArguments(Arguments):
     pass
 

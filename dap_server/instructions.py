@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from dap_server.frames import source
+from dap_server.frames import check_thread, source
 from dap_server.requests import Arguments, StrictArguments, capability, request
 from hardware.errors import RewindError, brief, echo
 from hardware.session.instruction_cursor import InstructionSpec
@@ -134,13 +134,13 @@ def set_instruction_breakpoints(adapter: "RequestContext", args: SetInstructionB
 
 
 class UnitsArguments(StrictArguments):
-    pass
+    threadId: int | None = None  # with ranks: the rank asked (docs/ranks.md, "Many ranks"); else only checked
 
 
 @request("units")
 def units(adapter: "RequestContext", args: UnitsArguments) -> dict:
     """Every unit at the position inside the node: next instruction (or what it waits on), and the step."""
-    adapter.require_launched()
+    check_thread(adapter, args.threadId)
     session = adapter.session
     names = session.units()
     return {"tick": session.position, "instruction": session.instruction,

@@ -8,6 +8,7 @@ disconnect.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -94,6 +95,8 @@ class LaunchArguments(StrictArguments):
             raise ValueError("launch needs exactly one of 'program' (a model file) and 'trace' (a recorded trace)")
         if self.replicas is not None and self.ranks is None and self.trace is None:
             raise ValueError("'replicas' compares values across ranks: give 'ranks' too")
+        if self.rendezvous is not None and self.trace is not None:
+            raise ValueError("a trace of ranks has no rendezvous: its ranks join no process group (drop 'rendezvous')")
         if self.rendezvous is not None and self.ranks is None:
             raise ValueError("'rendezvous' is where ranks meet: give 'ranks' too")
         if self.trace is not None and self.record is not None:
@@ -191,19 +194,24 @@ def _load(adapter: "RequestContext", args: LaunchArguments, command: str) -> Non
     cwd = paths.checked_cwd(args.cwd, command) if args.cwd is not None else paths.session_cwd(adapter)
     with adapter.events.progress(f"Loading {args.source}", cancellable=False), paths.Entering(adapter, cwd):
         options = args.options(cwd)
-        adapter.use_ranks(args.ranks if args.ranks is not None else _index_ranks(adapter, options.trace),
+        adapter.use_ranks(args.ranks if args.ranks is not None else _index_ranks(adapter, options.trace, args.replicas),
                           args.rankTimeout)
         adapter.session.launch(options)
 
 
-def _index_ranks(adapter: "RequestContext", trace: str | None) -> int | None:
-    """The world size of the index of many ranks' traces at `trace`; None for a single trace. Ranks loaded now end
-    first unless `trace` is an index already: they may be recording that very index (written when they end)."""
+def _index_ranks(adapter: "RequestContext", trace: str | None, replicas: list[str] | None) -> int | None:
+    """The world size of the index of many ranks' traces at `trace`; None for a single trace, which `replicas` (values
+    compared across ranks) cannot go with. Ranks loaded now end first unless `trace` is an index already: they may be
+    recording that very index (written when they end)."""
     if trace is None:
         return None
     if index_ranks(trace) is None and isinstance(adapter.session, RankedSession):
         adapter.session.end_run()
-    return index_ranks(trace)
+    world = index_ranks(trace)
+    if world is None and replicas is not None and os.path.isfile(trace):  # (a missing trace: opening it says so)
+        raise RewindError("'replicas' compares values across ranks: this trace is one session's, not an index of "
+                          "ranks' traces")
+    return world
 
 
 class TerminateArguments(Arguments):

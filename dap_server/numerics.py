@@ -11,6 +11,7 @@ import torch
 from pydantic import Field
 
 from dap_server.events import working
+from dap_server.frames import check_thread
 from dap_server.requests import StrictArguments, request
 from hardware.errors import RewindError, echo
 from hardware.jsonable import json_safe
@@ -30,13 +31,14 @@ class FindTickArguments(StrictArguments):
     expression: str  # true at the tick sought (a tensor: all its elements)
     start: int | None = Field(None, ge=0)  # default: the tick after the position
     maxTicks: int = Field(100_000, ge=1, le=MAX_FIND_TICKS)  # ticks looked at, at most
+    threadId: int | None = None  # with ranks: the rank asked (docs/ranks.md, "Many ranks"); else only checked
 
 
 @request("findTick")
 def find_tick(adapter: "RequestContext", args: FindTickArguments) -> dict:
     """The first tick from `start` where the expression holds, as the innermost frame there reads it; a tick where
     a name of it is not defined yet is skipped. The position does not move (the client goes there)."""
-    adapter.require_launched()
+    check_thread(adapter, args.threadId)
     session = adapter.session
     start = min(session.position + 1, session.end) if args.start is None else args.start
     with adapter.events.progress(f"Finding where {echo(args.expression)} holds", cancellable=True):
@@ -56,11 +58,13 @@ def find_tick(adapter: "RequestContext", args: FindTickArguments) -> dict:
 class WriteHistoryArguments(StrictArguments):
     name: str  # a source variable (every value it is bound to, anywhere), or `$value`
     maxWrites: int = Field(1000, ge=1, le=MAX_WRITES)
+    threadId: int | None = None  # with ranks: the rank asked (docs/ranks.md, "Many ranks"); else only checked
 
 
 @request("writeHistory")
 def write_history(adapter: "RequestContext", args: WriteHistoryArguments) -> dict:
     """Every write over the run to what a name names, oldest first, with each write's stats and digest."""
+    check_thread(adapter, args.threadId)
     with working(adapter, f"Reading the writes of {echo(args.name)}"):
         values, writes = adapter.session.history(args.name.strip())
     body = {"values": values, "writes": writes[:args.maxWrites], "total": len(writes)}
@@ -72,12 +76,13 @@ def write_history(adapter: "RequestContext", args: WriteHistoryArguments) -> dic
 class ValueDiffArguments(StrictArguments):
     expression: str  # a source variable, `$value` or any expression, read at each tick
     ticks: list[int] = Field(min_length=2, max_length=2)
+    threadId: int | None = None  # with ranks: the rank asked (docs/ranks.md, "Many ranks"); else only checked
 
 
 @request("valueDiff")
 def value_diff(adapter: "RequestContext", args: ValueDiffArguments) -> dict:
     """An expression at two ticks (as the innermost frame at each reads it): how they differ, element by element."""
-    adapter.require_launched()
+    check_thread(adapter, args.threadId)
     session = adapter.session
     for tick in args.ticks:
         if not 0 <= tick <= session.end:

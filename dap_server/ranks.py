@@ -5,17 +5,22 @@ and the lifecycle are the usual handlers over it: every rank moves, through cons
 rank's values is forwarded to that rank's engine, which answers it with the usual handler over its own Session
 (dap_server/engine.py's RankAdapterEngine); its ids are made the session's own here: a frame id carries its
 thread (rank + 1) as on any chip (frames.FRAMES_PER_THREAD), a variable reference is the adapter's and names the
-rank's own. A request the ranks cannot answer yet is refused in words.
+rank's own, a memory reference or data id is the rank's own behind `rankN:`, a breakpoint id is the session's
+(hardware/ranks/session.py's BreakpointIds). An edit is answered where it is sound (_edit); a request the ranks
+cannot answer yet is refused in words.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from dap_server.events import working
 from dap_server.frames import FRAMES_PER_THREAD, thread_unit
-from hardware.errors import RewindError
+from dap_server.sources import source_path
+from dap_server.variables import Fields, VariableTable
+from hardware.errors import RewindError, echo
 from hardware.ticks import Direction
 
 if TYPE_CHECKING:
@@ -27,6 +32,8 @@ Answer = Callable[["RequestContext", "Arguments"], Any]
 # Answered by the usual handler over the RankedSession.
 USUAL = {"initialize", "launch", "attach", "configurationDone", "restart", "disconnect", "terminate", "cancel",
          "pause", "threads"}
+_RANKS_OWN = ("memoryReference", "instructionPointerReference", "instructionReference", "dataId")  # name a rank's
+_RANKED = re.compile(r"rank(\d{1,6}):(.*)", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,24 @@ class RankReference:
 
     rank: int
     ref: int
+
+
+class RankVariables(VariableTable):
+    """A rank engine's variable references: a value's `location` (its Placement's fields) names the rank."""
+
+    def __init__(self, rank: int):
+        super().__init__()
+        self.rank = rank
+
+    def add(self, container: Any) -> int:
+        if isinstance(container, Fields) and isinstance(container.data, dict) and "shards" in container.data:
+            container = Fields(placed(container.data, self.rank))
+        return super().add(container)
+
+
+def placed(placement: dict, rank: int) -> dict:
+    """A Placement's fields with its rank, on it and on each of its Locations: (rank, chip, address)."""
+    return {"rank": rank, **placement, "shards": [{"rank": rank, **shard} for shard in placement["shards"]]}
 
 
 def answer_for(handler: "Handler") -> Answer:
@@ -53,14 +78,14 @@ def _refuse(command: str) -> None:
 
 
 # -- forwarding ----------------------------------------------------------------------------------------------
-def _ask(adapter: "RequestContext", rank: int, command: str, arguments: dict) -> dict:
+def _ask(adapter: "RequestContext", rank: int, command: str, arguments: dict) -> Any:
     message = {"op": "dap", "command": command, "arguments": arguments}
     return _ours(adapter, rank, adapter.session.ask(rank, message, f"answering {command}"))
 
 
 def _ours(adapter: "RequestContext", rank: int, body: Any) -> Any:
-    """A rank's answer with its variable references made the adapter's; memory references, which name the rank's
-    own memory (readMemory is not supported with ranks yet), left out."""
+    """A rank's answer with its ids made the session's: variable references the adapter's, memory references and
+    data ids behind `rankN:`."""
     if isinstance(body, list):
         return [_ours(adapter, rank, item) for item in body]
     if not isinstance(body, dict):
@@ -69,9 +94,24 @@ def _ours(adapter: "RequestContext", rank: int, body: Any) -> Any:
     for key, value in body.items():
         if key == "variablesReference" and isinstance(value, int) and value > 0:
             out[key] = adapter.variables.add(RankReference(rank, value))
-        elif key != "memoryReference":
+        elif key in _RANKS_OWN and isinstance(value, str):
+            out[key] = f"rank{rank}:{value}"
+        else:
             out[key] = _ours(adapter, rank, value)
     return out
+
+
+def _their_reference(adapter: "RequestContext", reference: str, what: str) -> tuple[int, str]:
+    """The rank a memory reference, data id or instruction reference of the session names (`rank1:…`), and the
+    rank's own reference."""
+    found = _RANKED.fullmatch(reference)
+    if found is None:
+        raise RewindError(f"{what} '{echo(reference)}' names no rank: with ranks it is rankN:… as the answer that "
+                          "gave it says (a variable, locate, dataBreakpointInfo)")
+    rank, count = int(found[1]), len(adapter.session.units())
+    if rank >= count:
+        raise RewindError(f"{what} '{echo(reference)}' names rank {rank}: this session has ranks 0..{count - 1}")
+    return rank, found[2]
 
 
 def _frame_rank(adapter: "RequestContext", frame_id: int | None) -> tuple[int, int | None]:
@@ -86,6 +126,62 @@ def _frame_rank(adapter: "RequestContext", frame_id: int | None) -> tuple[int, i
     return rank, level + 1
 
 
+def _target(adapter: "RequestContext", args: Any) -> tuple[int, dict]:
+    """The rank a request is about, and its arguments as that rank's engine takes them: the rank of the memory
+    reference, variable reference, frame or thread it names (each made the rank's own; the thread left out: a rank
+    has one), else the rank the last stop is about. A tick a request names is its rank's."""
+    arguments = args.model_dump(exclude_unset=True)
+    thread = arguments.pop("threadId", None)
+    ranks = []
+    if isinstance(arguments.get("memoryReference"), str):
+        rank, arguments["memoryReference"] = _their_reference(adapter, arguments["memoryReference"],
+                                                              "memoryReference")
+        ranks.append(rank)
+    if arguments.get("variablesReference"):
+        theirs = adapter.variables.get(arguments["variablesReference"])
+        ranks.append(theirs.rank)
+        arguments["variablesReference"] = theirs.ref
+    if arguments.get("frameId") is not None:
+        rank, arguments["frameId"] = _frame_rank(adapter, arguments["frameId"])
+        ranks.append(rank)
+    if thread is not None:
+        ranks.append(thread_unit(adapter, thread))
+    if len(set(ranks)) > 1:
+        raise RewindError(f"the request names ranks {' and '.join(str(r) for r in sorted(set(ranks)))} (by its "
+                          "references, frame or thread): name one")
+    return (ranks[0] if ranks else _frame_rank(adapter, None)[0]), arguments
+
+
+def _forward(adapter: "RequestContext", args: Any, handler: "Handler") -> Any:
+    """scopes, variables, evaluate, stepInTargets, readMemory, disassemble: asked of the rank _target names."""
+    rank, arguments = _target(adapter, args)
+    return _ask(adapter, rank, handler.command, arguments)
+
+
+def _own(adapter: "RequestContext", args: Any, handler: "Handler") -> dict:
+    """Rewind's own requests about one rank's values or timeline (provenance, writeHistory, valueAt, valueDiff,
+    histogram, findTick, timeline, timelineEvents, checkpoints, units, listPatches): as _forward, the answer
+    naming its rank (`rank`); `locate`'s Placement names it on every Location too. One that would run the rank
+    past a collective its peers have not reached is refused by the rank in words (RankEngine.reading)."""
+    rank, arguments = _target(adapter, args)
+    body = _ask(adapter, rank, handler.command, arguments)
+    return placed(body, rank) if handler.command == "locate" else {"rank": rank, **body}
+
+
+def _timeline_events(adapter: "RequestContext", args: Any, handler: "Handler") -> dict:
+    """timelineEvents of one rank (_own): a breakpoint's stop names the session's id of it; the rank's stops at its
+    fences (the breakpoints before its collectives, no breakpoint of the client's) are left out."""
+    body = _own(adapter, args, handler)
+    events = []
+    for event in body["events"]:
+        if event["event"] == "stop" and event["breakpoints"]:
+            event["breakpoints"] = adapter.session.breakpoint_ids.of(body["rank"], event["breakpoints"])
+            if not event["breakpoints"]:
+                continue
+        events.append(event)
+    return {**body, "events": events}
+
+
 def _stack_trace(adapter: "RequestContext", args: Any, handler: "Handler") -> dict:
     rank = thread_unit(adapter, args.threadId)
     body = _ask(adapter, rank, "stackTrace", {**args.model_dump(exclude_unset=True), "threadId": 1})
@@ -94,30 +190,75 @@ def _stack_trace(adapter: "RequestContext", args: Any, handler: "Handler") -> di
     return body
 
 
-def _by_frame(adapter: "RequestContext", args: Any, handler: "Handler") -> dict:
-    """scopes, evaluate: asked of the frame's rank (evaluate without a frame: of the rank the stop is about)."""
-    rank, frame = _frame_rank(adapter, args.frameId)
-    arguments = args.model_dump(exclude_unset=True)
-    if frame is not None:
-        arguments["frameId"] = frame
-    return _ask(adapter, rank, handler.command, arguments)
-
-
-def _variables(adapter: "RequestContext", args: Any, handler: "Handler") -> dict:
-    theirs = adapter.variables.get(args.variablesReference)
-    return _ask(adapter, theirs.rank, "variables", {**args.model_dump(exclude_unset=True),
-                                                    "variablesReference": theirs.ref})
-
-
+# -- breakpoints -----------------------------------------------------------------------------------------------
 def _every_rank(adapter: "RequestContext", args: Any, handler: "Handler") -> dict:
-    """setBreakpoints, setExceptionBreakpoints: on every rank, each binding them to its own Program; a breakpoint is
-    verified where any rank could bind it (its id and line are the first such rank's)."""
+    """setBreakpoints, setFunctionBreakpoints, setExceptionBreakpoints: on every rank, each binding them to its own
+    Program; a breakpoint is verified where any rank could bind it (its line and message are the first such
+    rank's), and has an id of the session's, which a stop on any rank names."""
     adapter.require_launched()
     message = {"op": "dap", "command": handler.command, "arguments": args.model_dump(exclude_unset=True)}
     answers = adapter.session.ask_all(message, f"answering {handler.command}")
-    lists = [answers[r]["breakpoints"] for r in sorted(answers)]
-    merged = [next((bp for bp in same if bp.get("verified")), same[0]) for same in zip(*lists)]
+    same = list(zip(*(answers[r]["breakpoints"] for r in sorted(answers))))
+    merged = [dict(next((bp for bp in on_ranks if bp.get("verified")), on_ranks[0])) for on_ranks in same]
+    if handler.command != "setExceptionBreakpoints":  # filters have no ids
+        group = f"lines of {source_path(args.source)}" if handler.command == "setBreakpoints" else handler.command
+        ids = adapter.session.breakpoint_ids.assign(group, [{r: bp["id"] for r, bp in enumerate(on_ranks)}
+                                                            for on_ranks in same])
+        for bp, session_id in zip(merged, ids):
+            bp["id"] = session_id
     return {"breakpoints": merged}
+
+
+_NAMED_BY = {"setDataBreakpoints": "dataId", "setInstructionBreakpoints": "instructionReference"}
+
+
+def _each_on_its_rank(adapter: "RequestContext", args: Any, handler: "Handler") -> dict:
+    """setDataBreakpoints, setInstructionBreakpoints: each breakpoint on the rank its dataId or instructionReference
+    names (`rank1:…`), every rank's replaced (a rank named by none has none now); one that names no rank of the
+    session is unverified, saying why, and never fails the batch."""
+    adapter.require_launched()
+    key = _NAMED_BY[handler.command]
+    on_rank: dict[int, list[dict]] = {r: [] for r in range(len(adapter.session.units()))}
+    where: list[tuple[int, int] | str] = []  # per breakpoint: (its rank, its place in the rank's list), or why not
+    for bp in args.breakpoints:
+        asked = bp.model_dump(exclude_unset=True)
+        try:
+            rank, asked[key] = _their_reference(adapter, asked[key], key)
+        except RewindError as exc:
+            where.append(str(exc))
+            continue
+        where.append((rank, len(on_rank[rank])))
+        on_rank[rank].append(asked)
+    answers = adapter.session.ask_each({r: {"op": "dap", "command": handler.command, "arguments": {"breakpoints": bps}}
+                                        for r, bps in on_rank.items()}, f"answering {handler.command}")
+    ids = iter(adapter.session.breakpoint_ids.assign(handler.command, [
+        {w[0]: answers[w[0]]["breakpoints"][w[1]]["id"]} for w in where if isinstance(w, tuple)]))
+    out = []
+    for w in where:
+        if isinstance(w, str):
+            out.append({"verified": False, "message": w})
+        else:
+            out.append({**_ours(adapter, w[0], answers[w[0]]["breakpoints"][w[1]]), "id": next(ids)})
+    return {"breakpoints": out}
+
+
+def _data_breakpoint_info(adapter: "RequestContext", args: Any, handler: "Handler") -> dict:
+    """Asked of the rank of the variable reference or frame (else of the stop's); its dataId names the rank."""
+    rank, arguments = _target(adapter, args)
+    body = _ask(adapter, rank, handler.command, arguments)
+    if body.get("dataId") is not None:
+        body["description"] = f"rank {rank}: {body['description']}"
+    return body
+
+
+def _lines_of_every_rank(adapter: "RequestContext", args: Any, handler: "Handler") -> dict:
+    """breakpointLocations: the lines of the range where a node runs on any rank (a breakpoint binds on every rank
+    that has one there)."""
+    adapter.require_launched()
+    message = {"op": "dap", "command": handler.command, "arguments": args.model_dump(exclude_unset=True)}
+    answers = adapter.session.ask_all(message, f"answering {handler.command}")
+    lines = sorted({bp["line"] for answer in answers.values() for bp in answer["breakpoints"]})
+    return {"breakpoints": [{"line": line} for line in lines]}
 
 
 def _exception_info(adapter: "RequestContext", args: Any, handler: "Handler") -> dict:
@@ -130,38 +271,71 @@ def _exception_info(adapter: "RequestContext", args: Any, handler: "Handler") ->
     return _ask(adapter, rank, "exceptionInfo", {"threadId": 1})
 
 
+# -- edits -------------------------------------------------------------------------------------------------------
+def _edit(adapter: "RequestContext", args: Any, handler: "Handler") -> dict:
+    """setVariable, writeMemory: an edit of the rank its variable or memory reference names, a new step at its
+    position. Sound where the rank's recorded future holds no collective it ran with its peers (at its frontier:
+    running on runs every collective afresh, with every rank); elsewhere the rank refuses it in words, since what
+    its peers recorded from it would be stale (hardware/ranks/worker.py's do_edit)."""
+    rank, arguments = _target(adapter, args)
+    message = {"op": "dap", "command": handler.command, "arguments": arguments}
+    body = _ours(adapter, rank, adapter.session.edit(rank, message, f"answering {handler.command}"))
+    if handler.command == "writeMemory" and body.get("bytesWritten") and adapter.client.memory_event:
+        adapter.emit("memory", {"memoryReference": args.memoryReference, "offset": args.offset,
+                                "count": body["bytesWritten"]})
+    adapter.events.invalidate("variables")  # the rank's own adapter tells no client
+    return body
+
+
+def _no_patches(adapter: "RequestContext", args: Any, handler: "Handler") -> None:
+    raise RewindError(f"'{handler.command}' is not supported with ranks: a patched pass runs its nodes again on one "
+                      "rank, and a collective among them would need its peers, whose recorded results from it would "
+                      "be stale (docs/ranks.md, \"Edits\")")
+
+
+# -- motions -------------------------------------------------------------------------------------------------------
 def _every_thread(adapter: "RequestContext", args: Any, handler: "Handler") -> Any:
     """continue, next, stepIn, stepOut and their reverse: the usual handlers, every rank moving; with singleThread,
-    the thread's rank alone (_one_rank)."""
+    the thread's rank alone (_one_rank); stepIn to a target, _step_into."""
     if getattr(args, "targetId", None) is not None:
-        raise RewindError("stepIn targets are not supported with ranks yet: step in without a target")
-    if args.singleThread:
+        return _step_into(adapter, args)
+    if args.singleThread and handler.command in _CONTINUES:  # the usual steps pass singleThread on themselves
         return _one_rank(adapter, args, handler)
     return handler.fn(adapter, args)
 
 
-_ALONE = {"continue": (Direction.FORWARD, None), "reverseContinue": (Direction.REVERSE, None),
-          "next": (Direction.FORWARD, "over"), "stepIn": (Direction.FORWARD, "in"),
-          "stepOut": (Direction.FORWARD, "out"), "stepBack": (Direction.REVERSE, "over")}
+def _step_into(adapter: "RequestContext", args: Any) -> None:
+    """stepIn to a target of stepInTargets (a tick of the thread's rank): that rank to the instant before the
+    target's node, the others to the consistent cut around it (a collective on the way crosses with every rank);
+    with singleThread, only a target before the rank's next collective."""
+    rank = thread_unit(adapter, args.threadId)
+    session, tick = adapter.session, args.targetId - 1
+    if tick not in session.ask(rank, {"op": "step_in_targets"}, "listing its step-in targets"):
+        raise RewindError(f"stepIn: target {args.targetId} is not a node still to run on rank {rank}'s line "
+                          "(stepInTargets lists them, anew after every motion)")
+    crossed = session.crossed(rank, tick) if args.singleThread else None
+    if crossed is not None:
+        raise RewindError(f"stepIn: rank {rank} alone cannot reach target {args.targetId}: it would cross "
+                          f"{crossed.describe()}, which runs only with every rank (step in without singleThread)")
+    adapter.resume(lambda: session.step_into(tick, rank), f"Stepping rank {rank} in")
+
+
+_CONTINUES = {"continue": Direction.FORWARD, "reverseContinue": Direction.REVERSE}
 
 
 def _one_rank(adapter: "RequestContext", args: Any, handler: "Handler") -> dict | None:
-    """The thread's rank alone moves, the others staying where they are: forward up to its next collective at most,
-    back to right after its last; a rank waiting at one stays, and its stop says why (docs/ranks.md)."""
+    """continue or reverseContinue of the thread's rank alone, the others staying where they are: up to its next
+    collective at most, or back to right after its last; a rank waiting at one stays, and its stop says why
+    (docs/ranks.md)."""
     rank = thread_unit(adapter, args.threadId)
-    direction, kind = _ALONE[handler.command]
-    session = adapter.session
-    if kind is None:
-        adapter.resume(lambda: session.run(direction, rank, single_thread=True), f"Continuing rank {rank} alone")
-        return {"allThreadsContinued": False} if handler.command == "continue" else None
-    adapter.resume(lambda: session.step(direction, args.granularity, kind, rank, single_thread=True),
-                   f"Stepping rank {rank} alone")
-    return None
+    adapter.resume(lambda: adapter.session.run(_CONTINUES[handler.command], rank, single_thread=True),
+                   f"Continuing rank {rank} alone")
+    return {"allThreadsContinued": False} if handler.command == "continue" else None
 
 
 def _stopped_rank(adapter: "RequestContext", args: Any, handler: "Handler") -> dict:
-    """gotoTargets, timeline, source, loadedSources: asked of the rank the last stop is about (a goto then moves
-    its thread's rank)."""
+    """gotoTargets, source, loadedSources: asked of the rank the last stop is about (a goto then moves its thread's
+    rank)."""
     rank, _ = _frame_rank(adapter, None)
     return _ask(adapter, rank, handler.command, args.model_dump(exclude_unset=True))
 
@@ -194,8 +368,16 @@ def _first_divergence(adapter: "RequestContext", args: Any, handler: "Handler") 
 
 
 _SPECIAL: dict[str, Callable[["RequestContext", Any, "Handler"], Any]] = {
-    "stackTrace": _stack_trace, "scopes": _by_frame, "evaluate": _by_frame, "variables": _variables,
-    "setBreakpoints": _every_rank, "setExceptionBreakpoints": _every_rank, "exceptionInfo": _exception_info,
-    "continue": _every_thread, "reverseContinue": _every_thread, "next": _every_thread, "stepIn": _every_thread,
-    "stepOut": _every_thread, "stepBack": _every_thread, "gotoTargets": _stopped_rank, "timeline": _stopped_rank,
-    "source": _stopped_rank, "loadedSources": _stopped_rank, "goto": _goto, "firstDivergence": _first_divergence}
+    "stackTrace": _stack_trace, "exceptionInfo": _exception_info,
+    **dict.fromkeys(["scopes", "variables", "evaluate", "stepInTargets", "readMemory", "disassemble"], _forward),
+    **dict.fromkeys(["provenance", "locate", "writeHistory", "valueAt", "valueDiff", "histogram", "findTick",
+                     "timeline", "checkpoints", "units", "listPatches"], _own),
+    "timelineEvents": _timeline_events,
+    **dict.fromkeys(["setBreakpoints", "setFunctionBreakpoints", "setExceptionBreakpoints"], _every_rank),
+    **dict.fromkeys(["setDataBreakpoints", "setInstructionBreakpoints"], _each_on_its_rank),
+    "dataBreakpointInfo": _data_breakpoint_info, "breakpointLocations": _lines_of_every_rank,
+    **dict.fromkeys(["setVariable", "writeMemory"], _edit),
+    **dict.fromkeys(["addPatch", "removePatch", "restoreBranch", "measureBranch", "compareBranches"], _no_patches),
+    **dict.fromkeys(["continue", "reverseContinue", "next", "stepIn", "stepOut", "stepBack"], _every_thread),
+    **dict.fromkeys(["gotoTargets", "source", "loadedSources"], _stopped_rank),
+    "goto": _goto, "firstDivergence": _first_divergence}

@@ -215,14 +215,16 @@ class WriteLog:
         lo, hi = np.searchsorted(ticks, tick, "left"), np.searchsorted(ticks, tick, "right")
         return [self.record(i) for i in range(int(lo), int(hi))]
 
-    def history(self, value: str, before: int | None = None) -> list[WriteRecord]:
-        """Every write of `value`, oldest first (optionally only those before tick `before`)."""
-        vid = self._values.ids.get(value)
+    def history(self, value: str, before: int | None = None, since: int = 0) -> list[WriteRecord]:
+        """Every write of `value`, oldest first (optionally only those from tick `since` and before tick `before`)."""
+        vid = self._values.get(value)
         if vid is None:
             return []
         mask = self._col("value") == vid
         if before is not None:
             mask &= self._col("tick") < before
+        if since > 0:
+            mask &= self._col("tick") >= since
         return [self.record(int(i)) for i in np.flatnonzero(mask)]
 
     def last_writer(self, value: str | None = None, address: int | None = None,

@@ -141,6 +141,17 @@ def test_a_build_that_fails_on_one_rank_names_it_and_leaves_no_process(launcher)
     assert _workers() <= before
 
 
+def test_point_to_point_send_and_recv_are_refused_at_launch_naming_each_node_and_line(launcher):
+    model = RANKS / "point_to_point.py"
+    send, recv = line_of(model, "# SEND"), line_of(model, "# RECV")
+    with pytest.raises(RewindError) as refused:  # not a mismatch of collectives: no hang to report
+        Coordinator(str(model), 2, launcher=launcher)
+    said = str(refused.value)
+    assert f"rank 0: point-to-point send/recv is not supported with ranks yet: isend at point_to_point.py:{send} " \
+        "(node isend)" in said
+    assert f"rank 1: point-to-point send/recv is not supported with ranks yet: irecv at point_to_point.py:{recv}" in said
+
+
 def test_a_rank_that_exits_says_so_and_leaves_no_process_not_even_its_own_launcher():
     before = _workers()
     gone = r"(?s)^rank 1 ended while loading its program \(exit code 3\).*rank 1 gives up"
@@ -154,6 +165,29 @@ def test_closing_ends_every_rank_process(skipped):
     assert all(psutil.pid_exists(p) for p in pids)
     skipped.close()
     assert _gone(pids)
+
+
+class _ClientGone(Exception):
+    """What a surface's own on_notes raises when the client it tells has gone."""
+
+
+def test_closing_ends_every_rank_even_when_hearing_a_rank_finish_its_recording_fails(launcher, tmp_path):
+    closing: list[bool] = []
+
+    def on_notes(rank: int, notes: list[str]) -> None:
+        if closing:
+            raise _ClientGone(f"no client to hear rank {rank}")
+
+    c = Coordinator(str(TENSOR_PARALLEL), 2, timeout_s=120, launcher=launcher, on_notes=on_notes,
+                    record=str(tmp_path / "run.rwtrace"))
+    pids = c.pids()
+    (tmp_path / "run.rank1.rwtrace").write_text("the user's")  # made since: rank 1 cannot place its trace, and says so
+    closing.append(True)
+    with pytest.raises(_ClientGone):
+        c.close()
+    assert _gone(pids)  # every rank ended all the same
+    assert (tmp_path / "run.rank1.rwtrace").read_text() == "the user's" and not (tmp_path / "run.rwtrace").exists()
+    c.close()  # closed once: nothing more to do
 
 
 def test_a_rank_that_stops_making_progress_is_reported_with_every_position(launcher):

@@ -5,11 +5,18 @@ coordinators, and one DAP server for the wire's tests."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
+import psutil
 import pytest
+import torch
 
 from dap_server.client import DapError
 from hardware.errors import RewindError
 from hardware.ranks.coordinator import Coordinator
+from hardware.ranks.numerics import difference
 from hardware.ticks import Direction
 from tests.conftest import MODELS, line_of
 from tests.dap.wire import Debugger, SchemaCheck
@@ -111,6 +118,51 @@ def test_exception_filters_that_are_no_list_are_refused(drifting):
         drifting.set_exception_filters("nan")
     with pytest.raises(RewindError, match="unknown exception filter"):
         drifting.set_exception_filters(["nope"])
+
+
+def test_stepping_node_by_node_asks_the_ranks_for_replica_writes_only_after_a_step_that_made_one(drifting):
+    drifting.set_replicas(["grad"])  # written once per rank, at its producer's tick
+    try:
+        steps = 0
+        while drifting.step(Direction.FORWARD, "node").reason != "end":
+            steps += 1
+        assert steps > 8 and drifting.replicas.reads == 1
+    finally:
+        drifting.set_replicas(None)
+        drifting.goto(0)
+
+
+@pytest.mark.parametrize("a, b, words", [
+    (torch.ones(4), torch.ones(4, dtype=torch.float16), "rank 0 holds float32[4], rank 1 float16[4]"),
+    (torch.ones(4), torch.ones(2, 2), "rank 0 holds float32[4], rank 1 float32[2,2]"),
+    (torch.ones(2, dtype=torch.complex128), torch.zeros(2, dtype=torch.complex128),
+     "the ranks hold complex128[2], whose 16-byte elements are not compared bit for bit")])
+def test_replicas_of_another_shape_or_dtype_or_of_wide_elements_are_compared_by_digest_only(a, b, words):
+    assert difference(a, b, 0, 1) == {"maxAbsDifference": None, "firstIndex": None, "count": 0, "elements": 0,
+                                      "amountReason": f"compared by digest only: {words}"}
+
+
+def test_replicas_of_one_shape_and_dtype_are_compared_element_by_element():
+    a = torch.tensor([[1 + 1j, 2j], [3, 4]], dtype=torch.complex64)
+    b = a.clone()
+    b[1, 0] = 3 + 4j
+    assert difference(a, b, 0, 1) == {"maxAbsDifference": 4.0, "firstIndex": [1, 0], "count": 1, "elements": 4}
+
+
+def test_a_rank_gone_while_the_replicas_check_puts_the_ranks_at_the_drift_is_the_stop(drifting):
+    """The module's last test of `drifting`: it ends rank 1's process."""
+    drifting.set_replicas(["updated"])
+    stop = drifting.run()  # the drift: every rank right after its own write
+    written = {r: t - 1 for r, t in stop.ticks.items()}
+    pid = drifting.pids()[1]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    # The same write checked again as a motion over it: its writes are read already, but rank 1 cannot be put there.
+    words, rank, exception = drifting.replicas.check(drifting, written)
+    assert words.startswith("rank 1 ended while going to a tick (exit code -9)") and (rank, exception) == (1, None)
 
 
 # -- through the wire -------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import pytest
 from dap_server.client import DapError
 from hardware.errors import RewindError
 from hardware.ranks.coordinator import Coordinator
-from hardware.ranks.traces import read_index
+from hardware.ranks.traces import check_rank_trace, file_digest, index_ranks, read_index
 from tests.conftest import EXAMPLES
 from tests.dap.wire import Debugger, SchemaCheck
 
@@ -192,6 +192,40 @@ def test_a_recording_of_ranks_destroys_no_file(traced, folder):
              f"cannot record to {kept / 'run.rank1.rwtrace'}: it exists; set overwrite to true to replace it")
     assert sorted(p.name for p in kept.iterdir()) == ["run.rank1.rwtrace"]
     assert (kept / "run.rank1.rwtrace").read_text() == "the user's"
+
+
+def test_a_rendezvous_for_an_index_replicas_of_one_sessions_trace_or_a_nul_in_a_path_are_refused_in_words(
+        traced, folder):
+    index = str(folder / "run.rwtrace")
+    _refused(traced, "restart", {"arguments": {"trace": index, "ranks": 2, "rendezvous": "127.0.0.1:0"}},
+             "a trace of ranks has no rendezvous")
+    _refused(traced, "restart", {"arguments": {"trace": str(folder / "run.rank0.rwtrace"), "replicas": ["linear"]}},
+             "'replicas' compares values across ranks: this trace is one session's, not an index of ranks' traces")
+    _refused(traced, "restart", {"arguments": {"trace": "run\0.rwtrace", "cwd": str(folder), "ranks": 2}},
+             "the path contains a NUL character")
+
+
+@pytest.mark.parametrize("path, words", [("run\0.rwtrace", "the path contains a NUL character"),
+                                         ("/proc/self/mem", "input/output error")])  # opens, and fails to read
+def test_a_path_the_system_refuses_is_no_index_and_said_in_words(path, words):
+    assert index_ranks(path) is None
+    with pytest.raises(RewindError, match=f"^cannot read index .*: {words}$"):
+        read_index(path)
+    with pytest.raises(RewindError, match=f"^cannot read rank 1's trace .*: {words}$"):
+        file_digest(Path(path), "rank 1's trace")
+
+
+def test_each_rank_checks_its_own_traces_digest_and_reading_the_index_does_not(traced, folder):
+    index = _craft(folder, "changed in place", folder / "run.rwtrace")  # a copy: the case changes nothing itself
+    rank0, rank1 = read_index(str(index)).ranks
+    changed = bytearray(rank1.path.read_bytes())
+    changed[-1] ^= 1  # the same size: only its digest tells
+    rank1.path.write_bytes(bytes(changed))
+    assert read_index(str(index)).ranks == (rank0, rank1)
+    check_rank_trace(str(index), 0, str(rank0.path), rank0.size, rank0.sha256)
+    with pytest.raises(RewindError, match=re.escape(f"index {index}: rank 1's trace run.rank1.rwtrace does not match "
+                                                    "its SHA-256 in the index (the file was changed or replaced)")):
+        check_rank_trace(str(index), 1, str(rank1.path), rank1.size, rank1.sha256)
 
 
 def test_after_refusals_the_index_opens_again(traced, folder, live):

@@ -5,11 +5,13 @@ a gradient hook all-reduces each gradient, and the replicated parameters stay id
 from __future__ import annotations
 
 import importlib.util
+import re
 import textwrap
 
 import pytest
 import torch
 
+from hardware.errors import RewindError
 from hardware.frontends.torch_train import load_program
 from hardware.ranks.coordinator import Coordinator
 from hardware.session import LaunchOptions, Session
@@ -45,6 +47,15 @@ def test_the_gradient_all_reduce_is_a_collective_of_the_backward_at_the_hooks_li
         collectives = two.collectives(r)
         assert [c.op for c in collectives] == ["all_reduce"] * 4  # one per parameter
         assert {c.where for c in collectives} == {f"data_parallel.py:{hook_line}"}
+        assert all(re.fullmatch(r"all_reduce(_\d+)?_backward", c.node) for c in collectives)  # backward nodes' names
+        with pytest.raises(RewindError, match=f"rank {r}: 'loss' does not exist at tick 0"):
+            two.tensor(r, "loss")  # the forward has not run: no loss yet
+    try:
+        for r in range(2):  # right before its first gradient all_reduce, the rank's loss is written: the backward
+            two.goto(two.collectives(r)[0].tick, r)
+            assert two.tensor(r, "loss")["shape"] == []
+    finally:
+        two.goto(0)
 
 
 def test_a_data_parallel_step_trains_every_rank_as_one_process_trains_on_the_whole_batch(two):

@@ -20,6 +20,7 @@ from hardware.program import Node, Program, Ref
 from hardware.torch_tensors import is_collective
 
 _SHAPE_FREE = ("all_to_all_single",)  # ops whose tensors' shapes may differ between ranks
+_POINT_TO_POINT = ("isend", "irecv")  # functional collectives' ops between two ranks (isend_inplace, irecv_inplace)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,17 @@ def collectives_of(program: Program, node_tick: list[int]) -> list[Collective]:
         if is_collective(node.op):
             found.append(_collective(program, node, len(found) + 1, node_tick[node.index]))
     return found
+
+
+def refuse_point_to_point(collectives: list[Collective]) -> None:
+    """A point-to-point send or recv is refused in words before the rank runs: a consistent cut here counts
+    collectives that every rank crosses together, and a send involves two ranks (docs/ranks.md, "Point-to-point
+    send and recv"); matched as collectives, a send and its recv would be reported as a mismatch, no real hang."""
+    found = [c for c in collectives if c.op in _POINT_TO_POINT]
+    if found:
+        named = ", ".join(f"{c.op} at {c.where} (node {c.node})" for c in found)
+        raise RewindError(f"point-to-point send/recv is not supported with ranks yet: {named} (docs/ranks.md, "
+                          "\"Point-to-point send and recv\")")
 
 
 def _collective(program: Program, node: Node, number: int, tick: int) -> Collective:
@@ -120,6 +132,7 @@ class Ledger:
         self.lockstep = lockstep
         self.allowed: int | None = None  # the node index the coordinator let through
         self.recorded: dict[int, list[Any]] = {}  # node index -> its outputs when it ran
+        self.refused: Node | None = None  # the last collective refused (a request that ran this rank too far)
         self.calls = 0  # collectives run for real
         self.replayed = 0  # collectives answered with their recorded result
 
@@ -129,6 +142,7 @@ class Ledger:
             self.replayed += 1
             return list(recorded)
         if self.allowed != node.index and not self.lockstep:
+            self.refused = node
             raise RewindError(f"rank {self.rank} may not run {node.describe()} on its own: a collective runs only "
                               "when every rank has reached it")
         outputs = [torch.ops._c10d_functional.wait_tensor(t) for t in call()]

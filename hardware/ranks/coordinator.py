@@ -129,8 +129,10 @@ class Coordinator:
     def _launch_message(self, rank: int, program: str | None, entry: str, budget_mb: float) -> dict:
         """What rank `rank` loads: its trace, or the program (recording its trace beside the index)."""
         message = {"op": "launch", "entry": entry, "budget_mb": budget_mb}
-        if self.index is not None:
-            return {**message, "trace": str(self.index.ranks[rank].path)}
+        if self.index is not None:  # the rank checks its file's bytes are the index's (every rank at once)
+            mine = self.index.ranks[rank]
+            return {**message, "trace": str(mine.path), "index": str(self.index.path), "bytes": mine.size,
+                    "sha256": mine.sha256}
         message["program"] = os.path.abspath(program)
         if self._recording is not None:
             message.update(record=str(traces.rank_file(self._recording[0], rank)), overwrite=self._recording[1])
@@ -143,8 +145,17 @@ class Coordinator:
         recording that cannot be finished raises a RewindError saying why, once every rank has ended."""
         if self._closed:
             return
-        unfinished = self._finish_recording()
-        self._closed = True
+        try:
+            unfinished = self._finish_recording()
+        finally:  # whatever finishing raised (a surface's on_notes failing, an interrupt), every rank ends
+            self._closed = True
+            self._end_ranks()
+        if unfinished is not None:
+            raise RewindError(unfinished)
+
+    def _end_ranks(self) -> None:
+        """Close every rank's session, kill those that do not end within seconds, then end the launcher (when it
+        is this coordinator's own) and remove the ranks' folder."""
         for rank in self.ranks:
             if rank.gone is None:
                 try:
@@ -164,8 +175,6 @@ class Coordinator:
             self._launcher.close()
         self._launcher = None
         shutil.rmtree(self._folder, ignore_errors=True)
-        if unfinished is not None:
-            raise RewindError(unfinished)
 
     def _finish_recording(self) -> str | None:
         """Each rank finishes its trace (moved onto its file), then the index of them is written beside them;
@@ -527,7 +536,24 @@ class Coordinator:
 
     def ask_all(self, message: dict, doing: str) -> dict[int, Any]:
         """`message` to every rank; their answers by rank."""
-        return self._ask({r: message for r in range(self.world_size)}, self.timeout_s, doing)
+        return self.ask_each({r: message for r in range(self.world_size)}, doing)
+
+    def ask_each(self, messages: dict[int, dict], doing: str) -> dict[int, Any]:
+        """Each rank its own message (they work at once); their answers by rank."""
+        return self._ask({self._rank(r): m for r, m in messages.items()}, self.timeout_s, doing)
+
+    def edit(self, rank: int, message: dict, doing: str) -> Any:
+        """A request of rank `rank`'s engine that edits its values, a new step at its position: refused by the rank
+        while its recorded future holds a collective it ran with its peers (their recorded results would be stale);
+        else its answer, the rank's collectives and position read anew (the new step moved them on by one)."""
+        r = self._rank(rank)
+        reply = self._ask({r: {"op": "edit", "request": message}}, self.timeout_s, doing)[r]
+        self.ranks[r].collectives = [Collective.from_dict(d) for d in reply.pop("collectives")]
+        answer = reply.pop("answer")
+        self.ranks[r].state = reply
+        if self.replicas is not None:  # the new step moved the ticks the replicas are written at: read them anew
+            self.set_replicas(self.replicas.patterns)
+        return answer
 
     def _one(self, rank: int, message: dict) -> Any:
         return self.ask(rank, message, f"answering {message['op']}")

@@ -11,7 +11,8 @@ The replicas check compares, after each forward motion of the ranks, the digests
 write of the values named in `replicas` (the k-th write of a value on one rank against the k-th on every other),
 and stops at the first write where they differ, every rank right after its own write: it names the value, the ranks
 on each side, how much they differ, and the first node on the way to it where the ranks' values differ (walking
-back from the value through the inputs whose digests differ, to the node whose inputs all agree).
+back from the value through the inputs whose digests differ, to the node whose inputs all agree). A replica is
+written at its producer's tick, which each rank says once: a motion that passes none of them asks the ranks nothing.
 
 RankNumerics is the part a rank's engine answers (hardware/ranks/worker.py); the functions below it, the
 coordinator's part.
@@ -19,6 +20,7 @@ coordinator's part.
 
 from __future__ import annotations
 
+import bisect
 import fnmatch
 import os
 from typing import TYPE_CHECKING, Any, Protocol
@@ -44,6 +46,7 @@ NONFINITE = ("nan", "inf")
 MAX_LINEAGE = 256  # nodes upstream of a drifting replica whose values are compared across ranks
 _KIND_WORDS = {"nan": "NaN", "inf": "Inf"}
 _FACTS_ONLY = ("tick", "collective", "next")  # what a rank's facts tell the coordinator, beside its details
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # an integer view of each element width
 
 
 class Ranks(Protocol):
@@ -127,9 +130,10 @@ class RankNumerics:
         return {"root": roots[0] if roots else carrying[0]}
 
     def do_replicas(self, m: dict) -> dict:
-        """The Program values `patterns` name, each with the name it was asked by (`replica_values`); the patterns that
-        name nothing, and those that name only values no node writes (inputs, parameters never updated)."""
-        program = self.session.program
+        """The Program values `patterns` name, each with the name it was asked by (`replica_values`) and the tick of
+        its write (its producer's); the patterns that name nothing, and those that name only values no node writes
+        (inputs, parameters never updated)."""
+        program, node_tick = self.session.program, self.session.tl.node_tick
         values: dict[str, str] = {}
         unmatched, unwritten = [], []
         for pattern in m["patterns"]:
@@ -140,14 +144,16 @@ class RankNumerics:
                 unwritten.append(pattern)
             else:
                 values.update({v: label for v, label in named.items() if v not in values})
-        return {"values": values, "unmatched": unmatched, "unwritten": unwritten}
+        ticks = {v: node_tick[program.values[v].producer] for v in values}
+        return {"values": values, "ticks": ticks, "unmatched": unmatched, "unwritten": unwritten}
 
     def do_replica_writes(self, m: dict) -> list[list]:
-        """[value, tick, digest] of every write of `values` from tick `since` (this rank's) to the position."""
-        tl = self.session.tl
-        since = int(m["since"][str(self.rank)])
+        """[value, tick, digest] of every write of `values` from tick `since` to before tick `before` (this rank's:
+        as far as the coordinator has seen it go, which a motion back since then leaves recorded)."""
+        tl, me = self.session.tl, str(self.rank)
+        since, before = int(m["since"][me]), int(m["before"][me])
         out = [[rec.value, rec.tick, self._digest(rec.value, rec.tick + 1) if rec.kind == "view" else rec.digest]
-               for v in m["values"] for rec in tl.log.history(v, before=tl.position) if rec.tick >= since]
+               for v in m["values"] for rec in tl.log.history(v, before=before, since=since)]
         return sorted(out, key=lambda w: w[1])
 
     def do_drift(self, m: dict) -> dict:
@@ -303,7 +309,8 @@ def checked_filters(filters: Any) -> list[str]:
 
 # -- the replicas check (the coordinator's part) ---------------------------------------------------------------
 class ReplicaCheck:
-    """The values that must stay identical on every rank, and every rank's writes of them seen so far."""
+    """The values that must stay identical on every rank, the ticks each rank writes them at, and every rank's writes
+    of them read so far (`reads`: how many times the ranks were asked for them)."""
 
     def __init__(self, coordinator: Ranks, patterns: Any):
         if (not isinstance(patterns, (list, tuple)) or not patterns
@@ -324,47 +331,71 @@ class ReplicaCheck:
         self.labels = {v: label for v, label in first.items() if all(v in named[r]["values"] for r in named)}
         if not self.labels:
             raise RewindError("replicas: no value they name is on every rank (the ranks' programs differ there)")
+        # a replica's write sits at its producer's tick on each rank: a motion that passes none has nothing to compare
+        self._ticks = {r: sorted(named[r]["ticks"][v] for v in self.labels) for r in named}
         self._writes: dict[int, dict[str, list[tuple[int, int]]]] = {r: {v: [] for v in self.labels} for r in named}
-        self._fetched = {r: 0 for r in named}
+        self._fetched = {r: 0 for r in named}  # each rank's writes before this tick are in _writes
+        self._reached = {r: 0 for r in named}  # the furthest each rank's checked motions took it
+        self._agreed = {v: 0 for v in self.labels}  # each value's leading writes every rank made, with one digest
+        self.reads = 0
 
-    def check(self, coordinator: Ranks, before: dict[int, int]) -> tuple[str, int, dict] | None:
+    def check(self, coordinator: Ranks, before: dict[int, int]) -> tuple[str, int, dict | None] | None:
         """After a forward motion from `before` (each rank's tick): the first write of a replica made in it where
         the ranks differ, every rank put right after its own write of it, as (words, the rank the stop is about,
-        the exception); None when they agree."""
+        the exception); None when they agree. A rank that cannot be put there (gone, silent) is the stop instead,
+        with no exception: the coordinator's finding."""
         after = coordinator.ticks()
-        self._fetch(coordinator, after)
+        self._reached = {r: max(t, after[r]) for r, t in self._reached.items()}
+        if not any(_passes(ticks, before[r], after[r]) for r, ticks in self._ticks.items()):
+            return None
+        if self._fetched != self._reached:
+            self._fetch(coordinator)
         found = self._first_drift(before, after)
         if found is None:
             return None
         value, ticks, digests = found
         for r in sorted(ticks):
-            coordinator.goto(ticks[r] + 1, r)
+            stop = coordinator.goto(ticks[r] + 1, r)
+            if stop.reason == "exception":  # goto's own finding: a rank gone or silent, or a mismatch on the way
+                return stop.description, stop.rank, None
         return _drift_stop(coordinator, value, self.labels[value], ticks, digests)
 
-    def _fetch(self, coordinator: Ranks, after: dict[int, int]) -> None:
-        message = {"op": "replica_writes", "values": list(self.labels), "since": self._fetched}
+    def _fetch(self, coordinator: Ranks) -> None:
+        """Every rank's writes of the replicas not read yet, up to where its motions have taken it."""
+        message = {"op": "replica_writes", "values": list(self.labels), "since": self._fetched,
+                   "before": self._reached}
+        self.reads += 1
         for r, writes in coordinator.ask_all(message, "reading the replicas' writes").items():
             for value, tick, digest in writes:
                 self._writes[r][value].append((tick, digest))
-            self._fetched[r] = max(self._fetched[r], after[r])
+        self._fetched = dict(self._reached)
 
     def _first_drift(self, before: dict[int, int], after: dict[int, int]) -> tuple | None:
         """(value, each rank's tick of the write, each rank's digest) of the earliest write made in the motion whose
-        digests differ, compared where every rank has made it."""
+        digests differ, compared where every rank has made it. A value's leading writes that every rank made with
+        one digest never differ: the comparison starts after them."""
         best = None
         for value in self.labels:
             seqs = {r: w[value] for r, w in self._writes.items()}
-            for k in range(min(len(s) for s in seqs.values())):
+            for k in range(self._agreed[value], min(len(s) for s in seqs.values())):
                 writes = {r: s[k] for r, s in seqs.items()}
-                if not any(before[r] <= t < after[r] for r, (t, _) in writes.items()):
+                if len({d for _, d in writes.values()}) == 1:
+                    if k == self._agreed[value]:
+                        self._agreed[value] = k + 1
                     continue
-                if len({d for _, d in writes.values()}) > 1:
+                if any(before[r] <= t < after[r] for r, (t, _) in writes.items()):
                     when = min(t for t, _ in writes.values())
                     if best is None or when < best[0]:
                         best = (when, value, {r: t for r, (t, _) in writes.items()},
                                 {r: d for r, (_, d) in writes.items()})
                     break
         return best[1:] if best is not None else None
+
+
+def _passes(ticks: list[int], start: int, end: int) -> bool:
+    """Whether a motion from tick `start` to `end` ran any of `ticks` (sorted)."""
+    i = bisect.bisect_left(ticks, start)
+    return i < len(ticks) and ticks[i] < end
 
 
 def _drift_stop(coordinator: Ranks, value: str, label: str, ticks: dict[int, int],
@@ -437,20 +468,45 @@ def first_difference(graphs: dict[int, dict], rank: int, value: str) -> tuple[st
 
 
 def _amount(coordinator: Ranks, value: str, agree: int, differ: list[int]) -> dict:
-    """How much the first differing rank's value differs from an agreeing rank's: the largest absolute difference,
-    the first element that differs (bit for bit), how many do."""
+    """How much the first differing rank's value differs from an agreeing rank's (`difference`)."""
     try:
         a, b = (_tensor(coordinator.tensor(r, value)) for r in (agree, differ[0]))
     except RewindError as exc:
-        return {"maxAbsDifference": None, "firstIndex": None, "count": 0, "elements": 0,
-                "amountReason": f"compared by digest only: {exc}"}
-    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        return _by_digest(str(exc))
+    return difference(a, b, agree, differ[0])
+
+
+def difference(a: torch.Tensor, b: torch.Tensor, rank_a: int, rank_b: int) -> dict:
+    """How much rank `rank_b`'s value `b` differs from rank `rank_a`'s `a`: the largest absolute difference, the first
+    element that differs (bit for bit), how many do. Values of other shapes or dtypes, and elements wider than any
+    integer view (complex128), are compared by digest only, the reason said."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return _by_digest(f"rank {rank_a} holds {_typed(a)}, rank {rank_b} {_typed(b)}")
+    bits = _BITS.get(a.element_size())
+    if bits is None:
+        return _by_digest(f"the ranks hold {_typed(a)}, whose {a.element_size()}-byte elements are not compared bit "
+                          "for bit")
     mask = a.reshape(-1).view(bits) != b.reshape(-1).view(bits)
     where = mask.nonzero()
-    gap = (a.double() - b.double()).abs().reshape(-1)[mask]
+    gap = (_wide(a) - _wide(b)).abs().reshape(-1)[mask]
     index = torch.unravel_index(where[0, 0], a.shape) if len(where) else ()
     return {"maxAbsDifference": float(gap.max()) if len(gap) else 0.0, "count": int(mask.sum()),
             "firstIndex": [int(i) for i in index] if len(where) else None, "elements": a.numel()}
+
+
+def _by_digest(reason: str) -> dict:
+    return {"maxAbsDifference": None, "firstIndex": None, "count": 0, "elements": 0,
+            "amountReason": f"compared by digest only: {reason}"}
+
+
+def _typed(t: torch.Tensor) -> str:
+    """float32[4,8]: a value's dtype and shape, as a collective's tensors are written."""
+    return f"{str(t.dtype).removeprefix('torch.')}[{','.join(str(s) for s in t.shape)}]"
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """A value in the widest dtype of its kind, where two values' difference is measured."""
+    return t.to(torch.complex128) if t.is_complex() else t.double()
 
 
 def _tensor(answer: dict) -> torch.Tensor:

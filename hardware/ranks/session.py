@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from hardware.errors import RewindError
 from hardware.events import ExceptionDetails, Output, SessionEvent, Stopped
+from hardware.ranks.collectives import Collective
 from hardware.ranks.coordinator import Coordinator, CutStop
 from hardware.ranks.launcher import RankLauncher
 from hardware.ranks.numerics import exception_details
@@ -32,6 +33,7 @@ class RankedSession:
         self.coordinator: Coordinator | None = None
         self.last_stop: Stop | None = None
         self.line_breakpoints: dict = {}  # none kept here: each rank binds breakpoints to its own Program
+        self.breakpoint_ids = BreakpointIds()
         self._launcher_module, self._hello = launcher_module, hello
         self._launcher: RankLauncher | None = None
         self._stop_on_entry = False
@@ -52,6 +54,7 @@ class RankedSession:
                                        overwrite=options.overwrite, trace=options.trace, replicas=options.replicas,
                                        rendezvous=options.rendezvous)
         self._stop_on_entry = options.stop_on_entry
+        self.breakpoint_ids = BreakpointIds()  # new ranks, new breakpoints
         if self._hello is not None:
             self.coordinator.ask_all(self._hello, "taking the session's settings")
         self.last_stop = self._stop(self.coordinator.last_stop)
@@ -72,6 +75,14 @@ class RankedSession:
 
     def ask_all(self, message: dict, doing: str) -> dict[int, Any]:
         return self._ranks().ask_all(message, doing)
+
+    def ask_each(self, messages: dict[int, dict], doing: str) -> dict[int, Any]:
+        return self._ranks().ask_each(messages, doing)
+
+    def edit(self, rank: int, message: dict, doing: str) -> Any:
+        """A request that edits rank `rank`'s values (Coordinator.edit: refused where it would make its peers'
+        recorded results stale)."""
+        return self._ranks().edit(rank, message, doing)
 
     # -- motions: each ends in one Stopped event ------------------------------------------------------------
     def start(self) -> None:
@@ -103,6 +114,19 @@ class RankedSession:
     def goto(self, tick: int, rank: int = 0) -> None:
         """Rank `rank` to `tick`, every other rank to the consistent cut around it."""
         self._emit(self._ranks().goto(tick, rank))
+
+    def crossed(self, rank: int, tick: int) -> Collective | None:
+        """The first collective rank `rank` would cross going from where it is to `tick` (None: none)."""
+        low, high = sorted((self._ranks().states()[rank]["tick"], tick))
+        return next((c for c in self._ranks().collectives(rank) if low <= c.tick < high), None)
+
+    def step_into(self, tick: int, rank: int) -> None:
+        """Rank `rank` to the instant before the node at `tick` on its line (a goto: a collective on the way is
+        crossed by every rank)."""
+        cut = self._ranks().goto(tick, rank)
+        if cut.reason == "goto":
+            cut.reason, cut.description = "step", f"rank {rank}: stepped in to tick {tick}"
+        self._emit(cut)
 
     def pause(self) -> None:
         if self.coordinator is not None:
@@ -154,7 +178,8 @@ class RankedSession:
 
     def _emit(self, cut: CutStop) -> None:
         self.last_stop = self._stop(cut)
-        self.on_event(Stopped(cut.reason, self.last_stop.description, tuple(cut.breakpoints), self.last_stop.unit))
+        self.on_event(Stopped(cut.reason, self.last_stop.description, tuple(self.last_stop.breakpoint_ids),
+                              self.last_stop.unit))
 
     def _stop(self, cut: CutStop) -> Stop:
         """The Stop of a cut: about its rank (rank 0 when it is about every rank); its words say every rank's
@@ -164,8 +189,8 @@ class RankedSession:
         description = cut.description if cut.finding else f"{cut.description} ({where})"
         exception = (exception_details(cut.exception) if cut.exception is not None  # a NaN/Inf across ranks, replicas
                      else self._finding(cut, description) if cut.finding else None)
-        return Stop(cut.reason, Tick(cut.ticks.get(rank, 0)), description, list(cut.breakpoints),
-                    exception=exception, unit=rank)
+        return Stop(cut.reason, Tick(cut.ticks.get(rank, 0)), description,
+                    self.breakpoint_ids.of(rank, cut.breakpoints), exception=exception, unit=rank)
 
     def _finding(self, cut: CutStop, description: str) -> ExceptionDetails:
         """A mismatch or a rank that did not answer, as exception details: the collective the stop's rank is
@@ -179,6 +204,32 @@ class RankedSession:
                                 source=nxt.where if nxt else None, value=nxt.value if nxt else "", count=0,
                                 first_index=None, inputs={},
                                 evidence={"message": description, "rank": rank, "ticks": dict(cut.ticks)})
+
+
+class BreakpointIds:
+    """The session's breakpoint ids over the ranks' own. Each rank's Session numbers its breakpoints itself, so the
+    ranks' ids collide, and one breakpoint set on every rank has an id on each: the session gives it one of its own,
+    which a stop on any of those ranks names."""
+
+    def __init__(self) -> None:
+        self._groups: dict[str, dict[tuple[int, int], int]] = {}  # per kind of breakpoint (lines: per file)
+        self._next = 1
+
+    def assign(self, group: str, on_ranks: list[dict[int, int]]) -> list[int]:
+        """The session's ids of the breakpoints of `group` (a kind of breakpoint, each request replacing its
+        group's), given each breakpoint's id on every rank it is set on."""
+        table, ids = {}, []
+        for theirs in on_ranks:
+            ids.append(self._next)
+            table.update({(rank, bp): self._next for rank, bp in theirs.items()})
+            self._next += 1
+        self._groups[group] = table
+        return ids
+
+    def of(self, rank: int, theirs: list[int]) -> list[int]:
+        """The session's ids of breakpoints rank `rank` stopped at, by its own ids."""
+        found = [table.get((rank, bp)) for bp in theirs for table in self._groups.values()]
+        return [i for i in found if i is not None]
 
 
 def _refuse_unsupported(options: LaunchOptions) -> None:

@@ -7,7 +7,8 @@
 
 Rank r's trace lies beside the index (`rank_file`: run.rwd -> run.rank0.rwd). An index is a file someone else
 may have made: every field is checked before it is used, a rank's file is a plain name in the index's own folder
-(no folder part, no link), its size and SHA-256 must be the index's, and nothing read from it is ever called.
+(no folder part, no link) of the index's size, and nothing read from it is ever called. Its SHA-256 must be the
+index's too: each rank checks its own file before opening it (`check_rank_trace`), so the ranks hash side by side.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from typing import Any, BinaryIO
 
 import msgpack
 
+from checkpoint.codec import shown
 from checkpoint.safe_files import atomic_write, check_target
 from checkpoint.trace import HEADER, unpacked
-from hardware.errors import RewindError
+from hardware.errors import RewindError, os_reason
 from hardware.ranks.collectives import Collective
 from hardware.ranks.launcher import MAX_RANKS
 
@@ -98,10 +100,16 @@ def file_digest(path: Path, what: str) -> tuple[int, str]:
     """(size, SHA-256 in hex) of a regular file that is no link."""
     size, digest = 0, hashlib.sha256()
     with _open_regular(path, what) as f:
-        while chunk := f.read(1 << 20):
+        while chunk := _read(f, 1 << 20, path, what):
             digest.update(chunk)
             size += len(chunk)
     return size, digest.hexdigest()
+
+
+def _size(path: Path, what: str) -> int:
+    """The size of a regular file that is no link (opened, not read)."""
+    with _open_regular(path, what) as f:
+        return os.fstat(f.fileno()).st_size
 
 
 def _open_regular(path: Path, what: str, follow: bool = False) -> BinaryIO:
@@ -112,15 +120,23 @@ def _open_regular(path: Path, what: str, follow: bool = False) -> BinaryIO:
         fd = os.open(path, flags)
     except FileNotFoundError:
         raise RewindError(f"{what} {path} is not there") from None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP and not follow:
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        if getattr(exc, "errno", None) == errno.ELOOP and not follow:
             raise RewindError(f"{what} {path} is a link: the ranks' traces are plain files beside their index") \
                 from None
-        raise RewindError(f"cannot read {what} {path}: {exc.strerror or 'no reason given'}") from None
+        raise RewindError(f"cannot read {what} {path}: {os_reason(exc)}") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise RewindError(f"{what} {path} is not a regular file")
     return os.fdopen(fd, "rb")
+
+
+def _read(f: BinaryIO, size: int, path: Path, what: str) -> bytes:
+    """Up to `size` bytes of an open file; a RewindError in words when the system cannot read it (/proc/self/mem)."""
+    try:
+        return f.read(size)
+    except OSError as exc:
+        raise RewindError(f"cannot read {what} {path}: {os_reason(exc)}") from None
 
 
 # -- opening -------------------------------------------------------------------------------------------------
@@ -131,7 +147,7 @@ def index_ranks(path: str | None) -> int | None:
         return None
     try:
         with _open_regular(Path(path), "index", follow=True) as f:
-            head = f.read(HEADER.size)
+            head = _read(f, HEADER.size, Path(path), "index")
     except RewindError:
         return None
     if len(head) < HEADER.size or head[:len(MAGIC)] != MAGIC:
@@ -140,11 +156,11 @@ def index_ranks(path: str | None) -> int | None:
 
 
 def read_index(path: str) -> TraceIndex:
-    """The index at `path`, checked whole, with every rank's trace beside it matching its size and digest; a
-    RewindError naming the problem otherwise."""
+    """The index at `path`, checked whole, with every rank's trace beside it, of its size (its SHA-256 is checked by
+    the rank that opens it: `check_rank_trace`); a RewindError naming the problem otherwise."""
+    with _open_regular(Path(path), "index", follow=True) as f:  # first: a path the system refuses is said in words
+        data = _read(f, MAX_INDEX + 1, Path(path), "index")
     index = Path(os.path.realpath(path))  # its ranks' traces lie beside the file itself, not beside a link to it
-    with _open_regular(index, "index", follow=True) as f:
-        data = f.read(MAX_INDEX + 1)
     if len(data) > MAX_INDEX:
         raise RewindError(f"{index} is over {MAX_INDEX >> 20} MiB: it is no index of ranks' traces")
     if len(data) < HEADER.size or data[:len(MAGIC)] != MAGIC:
@@ -181,14 +197,14 @@ def _checked(index: Path, world_size: int, body: Any) -> TraceIndex:
     if not isinstance(body, dict):
         raise bad("its body is not a map")
     if body.get("world_size") != world_size or type(body.get("world_size")) is not int:
-        raise bad(f"its body says world size {_show(body.get('world_size'))}, its header {world_size}")
+        raise bad(f"its body says world size {shown(body.get('world_size'))}, its header {world_size}")
     program, entry = body.get("program"), body.get("entry")
     for value, what in ((program, "program"), (entry, "entry")):
         if not _text(value):
-            raise bad(f"its {what} is {_show(value)}, not a name")
+            raise bad(f"its {what} is {shown(value)}, not a name")
     ranks = body.get("ranks")
     if not isinstance(ranks, list) or len(ranks) != world_size:
-        raise bad(f"it lists {_show(ranks)} as its ranks, not one entry for each of its {world_size} ranks")
+        raise bad(f"it lists {shown(ranks)} as its ranks, not one entry for each of its {world_size} ranks")
     traces = tuple(_rank_trace(index, r, entry, bad) for r, entry in enumerate(ranks))
     if len({t.path for t in traces}) != world_size:
         raise bad("it names one file for two ranks")
@@ -197,48 +213,58 @@ def _checked(index: Path, world_size: int, body: Any) -> TraceIndex:
 
 def _rank_trace(index: Path, rank: int, entry: Any, bad) -> RankTrace:
     if not isinstance(entry, dict) or entry.get("rank") != rank or type(entry.get("rank")) is not int:
-        raise bad(f"its entry for rank {rank} is {_show(entry)}")
+        raise bad(f"its entry for rank {rank} is {shown(entry)}")
     name = entry.get("file")
     if (not _text(name) or name in (".", "..") or "/" in name or "\\" in name or "\0" in name
             or name == index.name):
-        raise bad(f"rank {rank}'s trace is named {_show(name)}: a file name in the index's own folder, with no "
+        raise bad(f"rank {rank}'s trace is named {shown(name)}: a file name in the index's own folder, with no "
                   "folder part")
     size, digest = entry.get("bytes"), entry.get("sha256")
     if type(size) is not int or not 0 <= size < _I64:
-        raise bad(f"rank {rank}'s trace size is {_show(size)}")
+        raise bad(f"rank {rank}'s trace size is {shown(size)}")
     if not isinstance(digest, str) or len(digest) != 64 or any(ch not in "0123456789abcdef" for ch in digest):
-        raise bad(f"rank {rank}'s digest is {_show(digest)}, not a SHA-256 in hex")
+        raise bad(f"rank {rank}'s digest is {shown(digest)}, not a SHA-256 in hex")
     collectives = entry.get("collectives")
     if not isinstance(collectives, list) or len(collectives) > MAX_COLLECTIVES:
-        raise bad(f"rank {rank}'s collectives are {_show(collectives)}")
+        raise bad(f"rank {rank}'s collectives are {shown(collectives)}")
     found: list[Collective] = []
     for c in collectives:
         found.append(_collective(c, len(found) + 1, found[-1].tick if found else -1, f"rank {rank}'s", bad))
     path = index.parent / name
-    got_size, got_digest = file_digest(path, f"rank {rank}'s trace")
-    if got_size != size:
-        raise bad(f"rank {rank}'s trace {name} has {got_size} bytes; the index says {size} (the file was changed "
-                  "or replaced)")
-    if got_digest != digest:
-        raise bad(f"rank {rank}'s trace {name} does not match its SHA-256 in the index (the file was changed or "
-                  "replaced)")
+    _check_size(index, rank, path, _size(path, f"rank {rank}'s trace"), size)
     return RankTrace(rank, path, size, digest, tuple(found))
+
+
+def check_rank_trace(index: str, rank: int, path: str, size: int, sha256: str) -> None:
+    """Refuse rank `rank`'s trace at `path` unless it holds the bytes its index says (size and SHA-256): run by the
+    rank itself before it opens the file, so every rank hashes its own at once."""
+    got_size, got_digest = file_digest(Path(path), f"rank {rank}'s trace")
+    _check_size(Path(index), rank, Path(path), got_size, size)
+    if got_digest != sha256:
+        raise RewindError(f"index {index}: rank {rank}'s trace {Path(path).name} does not match its SHA-256 in the "
+                          "index (the file was changed or replaced)")
+
+
+def _check_size(index: Path, rank: int, path: Path, got: int, size: int) -> None:
+    if got != size:
+        raise RewindError(f"index {index}: rank {rank}'s trace {path.name} has {got} bytes; the index says {size} (the "
+                          "file was changed or replaced)")
 
 
 def _collective(d: Any, number: int, after: int, whose: str, bad) -> Collective:
     what = f"{whose} collective #{number}"
     if not isinstance(d, dict):
-        raise bad(f"{what} is {_show(d)}, not a map")
+        raise bad(f"{what} is {shown(d)}, not a map")
     for key, kind in _COLLECTIVE_FIELDS.items():
         value = d.get(key)
         if type(value) is not kind or (kind is str and not _text(value, empty=True)):
-            raise bad(f"{what}: its {key} is {_show(value)}")
+            raise bad(f"{what}: its {key} is {shown(value)}")
         if kind is list and (len(value) > _MAX_LIST or not all(_text(v) for v in value)):
-            raise bad(f"{what}: its {key} are {_show(value)}")
+            raise bad(f"{what}: its {key} are {shown(value)}")
     if d["number"] != number:
-        raise bad(f"{what} is numbered {_show(d['number'])}")
+        raise bad(f"{what} is numbered {shown(d['number'])}")
     if not after < d["tick"] < _I64:
-        raise bad(f"{what} is at tick {_show(d['tick'])}, not after the one before it")
+        raise bad(f"{what} is at tick {shown(d['tick'])}, not after the one before it")
     return Collective.from_dict(d)
 
 
@@ -257,8 +283,3 @@ def check_agrees(index: TraceIndex, rank: int, found: list[Collective]) -> None:
 
 def _text(value: Any, empty: bool = False) -> bool:
     return isinstance(value, str) and (empty or bool(value)) and len(value) <= _MAX_TEXT
-
-
-def _show(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."

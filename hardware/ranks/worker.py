@@ -17,18 +17,20 @@ import queue
 import sys
 import threading
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.distributed as dist
 
 from hardware.errors import RewindError
 from hardware.events import Output
-from hardware.ranks.collectives import Collective, Ledger, collectives_of
+from hardware.ranks.collectives import Collective, Ledger, collectives_of, refuse_point_to_point
 from hardware.ranks.launcher import serve
 from hardware.ranks.forensics import RankForensics
 from hardware.ranks.numerics import RankNumerics
 from hardware.ranks.pipe import Pipe, PipeClosed
+from hardware.ranks.traces import check_rank_trace
+from hardware.session.breakpoints import Breakpoint
 from hardware.session.session import FunctionSpec, LaunchOptions, LineSpec, Session
 from hardware.ticks import Direction, Stop
 from hardware.torch_tensors import COLLECTIVES
@@ -39,16 +41,36 @@ MAX_ELEMENTS = 1 << 16  # of one tensor sent whole to the coordinator
 _KINDS = {"next": "over", "stepIn": "in", "stepOut": "out"}
 
 
+class FencedSession(Session):
+    """A rank's Session: its function breakpoints are the user's, then a fence on each collective op of its Program,
+    which stops a motion before the collective (in a training step's backward too: a data-parallel gradient
+    all_reduce). Setting the user's keeps the fences."""
+
+    def __init__(self, on_event: Callable[[Any], None] | None = None):
+        super().__init__(on_event=on_event)
+        self.fence_ops: list[str] = []
+        self.fences: set[int] = set()  # the fences' breakpoint ids
+
+    def set_function_breakpoints(self, specs: Iterable[FunctionSpec]) -> list[Breakpoint]:
+        user = list(specs)
+        bps = super().set_function_breakpoints(user + [FunctionSpec(op, mode="both") for op in self.fence_ops])
+        self.fences = {bp.id for bp in bps[len(user):]}
+        return bps[:len(user)]
+
+
 class RankEngine(RankNumerics, RankForensics):  # the requests about NaN/Inf across ranks and replicas; forensics
-    def __init__(self, rank: int, world_size: int, session: Session | None = None):
+    def __init__(self, rank: int, world_size: int, session: FencedSession | None = None):
         """`session`: one made by a surface of its own (its events go to that surface); else a Session whose output
         becomes this rank's notes."""
         self.rank, self.world_size = rank, world_size
         self.notes: list[str] = []
-        self.session = session if session is not None else Session(on_event=self._event)
+        self.session = session if session is not None else FencedSession(on_event=self._event)
         self.ledger = Ledger(rank)
         self.collectives: list[Collective] = []
-        self._fences: set[int] = set()
+
+    @property
+    def _fences(self) -> set[int]:
+        return self.session.fences
 
     def _event(self, event: Any) -> None:
         if isinstance(event, Output) and len(self.notes) < 100:
@@ -58,23 +80,19 @@ class RankEngine(RankNumerics, RankForensics):  # the requests about NaN/Inf acr
     def launch(self, options: dict) -> dict:
         s = self.session
         trace = options.get("trace")  # its values come from the file: no driver runs a node (nor a collective) again
+        if trace:  # its bytes must be the ones its index names: hashed here, by every rank at once
+            check_rank_trace(options["index"], self.rank, trace, options["bytes"], options["sha256"])
         s.launch(LaunchOptions(program=options.get("program", ""), entry=options.get("entry", "build"),
                                driver="auto" if trace else "torch:cpu",
                                budget_mb=float(options.get("budget_mb", 1024.0)),
                                stop_on_entry=True, trace=trace, record=options.get("record"),
                                overwrite=bool(options.get("overwrite"))))
         self.collectives = collectives_of(s.program, s.tl.node_tick)
-        self._fence([])
+        refuse_point_to_point(self.collectives)
+        s.fence_ops = sorted({s.tl.node_at(c.tick).op for c in self.collectives})
+        s.set_function_breakpoints([])
         return {"collectives": [c.to_dict() for c in self.collectives], "outputs": list(s.program.outputs),
                 **self.state(None)}
-
-    def _fence(self, user: list[FunctionSpec]) -> list:
-        """The user's function breakpoints and one on each collective op, which stops a motion before it (in a
-        training step's backward too: a data-parallel gradient all_reduce)."""
-        ops = sorted({self.session.tl.node_at(c.tick).op for c in self.collectives})
-        bps = self.session.set_function_breakpoints(user + [FunctionSpec(op, mode="both") for op in ops])
-        self._fences = {bp.id for bp in bps[len(user):]}
-        return bps[:len(user)]
 
     # -- where this rank is --------------------------------------------------------------------
     def state(self, stop: Stop | None, fenced: bool = False) -> dict:
@@ -135,6 +153,47 @@ class RankEngine(RankNumerics, RankForensics):  # the requests about NaN/Inf acr
 
     def do_goto(self, m: dict) -> dict:
         return self.state(self.session.goto(int(m["tick"])))
+
+    def do_edit(self, m: dict) -> dict:
+        """`request`, a request that edits this rank's values (an edit is a new step of its Timeline at its position,
+        and forgets the recorded future): refused while that future holds a collective this rank ran with its
+        peers; else answered (`answer`), with this rank's collectives, their ticks moved by the new step, and its
+        state."""
+        tl = self.session.tl
+        ran = [c for c in self.collectives if tl.position <= c.tick < tl.frontier]
+        if ran:
+            last = max(c.tick for c in self.collectives if c.tick < tl.frontier)
+            raise RewindError(
+                f"at tick {tl.position} of a recorded run that goes on to tick {tl.frontier}, before "
+                f"{ran[0].describe()}, which it ran with its peers: an edit here would change what it sent them, and "
+                f"what they recorded from it would be stale. Edit after its last collective run (from tick "
+                f"{last + 1} on, where nothing recorded depends on its peers), or relaunch and edit before running it")
+        answer = self.handle(m["request"])
+        self.collectives = collectives_of(self.session.program, tl.node_tick)
+        return {"answer": answer, "collectives": [c.to_dict() for c in self.collectives], **self.state(None)}
+
+    def reading(self, doing: str, answer: Callable[[], Any]) -> Any:
+        """`answer()`, a request that reads this rank's run (not a motion). One that would run the rank past a
+        collective its peers have not reached (a scan over the whole run) is refused in words, the rank left
+        where it was."""
+        here, self.ledger.refused = self.session.tl.position, None
+        try:
+            return answer()
+        except RewindError:
+            node = self.ledger.refused
+            if node is None:
+                raise
+        if self.session.tl.position != here:
+            self.session.goto(here)
+        c = next(c for c in self.collectives if c.node == node.name)
+        raise RewindError(f"{doing} reads this rank's run past tick {c.tick}, where it has not run yet: "
+                          f"{c.describe()} runs only with every rank. Run every rank on first (continue), then ask "
+                          "again")
+
+    def do_step_in_targets(self, m: dict) -> list[int]:
+        """The ticks a step in may go to on this rank: the nodes still to run on the outermost frame's line (which
+        holds every frame's)."""
+        return [int(t) for t in self.session.step_in_targets(None)]
 
     def do_where(self, m: dict) -> dict:
         return self.state(None)

@@ -96,9 +96,21 @@ def test_a_rank_stepped_back_alone_stops_right_after_its_last_collective(entry):
     assert entry.motion("reverseContinue", {"threadId": 1})["reason"] == "entry"  # every rank back across it
 
 
+def test_reads_over_a_whole_run_answer_per_rank_once_every_rank_has_run_it(entry):
+    stop = entry.motion("continue", {"threadId": 1})
+    assert stop["reason"] == "end"
+    histories = [entry.request("writeHistory", {"name": "h", "threadId": t}) for t in (1, 2)]
+    assert [h["rank"] for h in histories] == [0, 1]
+    digests = [[w["digest"] for w in h["writes"]] for h in histories]
+    assert len(digests[0]) == len(digests[1]) == 2 and digests[0] != digests[1]  # each rank's slice of each block
+    events = entry.request("timelineEvents", {"threadId": 2})
+    assert events["rank"] == 1 and events["end"] == _ticks(stop)[1]
+    assert not [e for e in events["events"] if e["event"] == "stop"]  # the stops before its collectives are no one's
+
+
 @pytest.mark.parametrize("arguments, words", [
     ({"threadId": 3, **ALONE}, "no thread 3"),
     ({"threadId": 2, "singleThread": "yes"}, "singleThread"),
-    ({"threadId": 2, "targetId": 5, **ALONE}, "stepIn targets are not supported with ranks yet")])
+    ({"threadId": 2, "targetId": 10_000, **ALONE}, "target 10000 is not a node still to run on rank 1's line")])
 def test_a_step_of_one_rank_that_names_no_rank_or_is_malformed_is_refused(ranked, arguments, words):
     _refused(ranked, "stepIn", arguments, words)

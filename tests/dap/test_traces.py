@@ -85,6 +85,11 @@ def test_bad_traces_and_bad_launches_are_clear_errors_and_the_server_keeps_servi
         debugger.request("launch", {"trace": str(bad)})
     with pytest.raises(DapError, match="trace file not found"):
         debugger.request("launch", {"trace": str(tmp_path / "none.rwtrace")})
+    for path, words in (("bad\0.rwtrace", "the path contains a NUL character"),
+                        ("/proc/self/mem", "at offset 0: Input/output error")):  # opens, and fails to read
+        with pytest.raises(DapError, match=words) as caught:
+            debugger.request("launch", {"trace": path})
+        assert "Rewind" not in caught.value.message  # words, not "a bug in Rewind"
     with pytest.raises(DapError, match="exactly one of 'program'"):
         debugger.request("launch", {"program": str(GPT), "trace": str(bad)})
     with pytest.raises(DapError, match="exactly one of 'program'"):
