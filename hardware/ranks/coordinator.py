@@ -30,6 +30,7 @@ from hardware.errors import RewindError, echo
 from hardware.ranks import forensics, traces
 from hardware.ranks.collectives import Collective, mismatch
 from hardware.ranks.launcher import MAX_RANKS, RankLauncher, exit_code
+from hardware.ranks.join import address_of, joined_ranks, store_beside
 from hardware.ranks.numerics import ReplicaCheck, checked_filters, explained
 from hardware.ranks.pipe import Pipe, PipeClosed
 from hardware.ticks import Direction
@@ -53,7 +54,7 @@ class CutStop:
 
 
 class _Rank:
-    def __init__(self, rank: int, pid: int, pipe: Pipe, folder: Path):
+    def __init__(self, rank: int, pid: int | None, pipe: Pipe, folder: Path):  # pid None: it joined
         self.rank, self.pid, self.pipe, self.folder = rank, pid, pipe, folder
         self.log = folder / f"rank{rank}.log"
         self.state: dict = {}
@@ -75,7 +76,8 @@ class Coordinator:
                  budget_mb: float = 1024.0, timeout_s: float = 60.0, launch_timeout_s: float = 240.0,
                  rendezvous: str | None = None, launcher: RankLauncher | None = None,
                  on_notes: Callable[[int, list[str]], None] | None = None, record: str | None = None,
-                 overwrite: bool = False, trace: str | None = None, replicas: list[str] | None = None):
+                 overwrite: bool = False, trace: str | None = None, replicas: list[str] | None = None,
+                 join: str | None = None):
         """Start `ranks` engines on `program` and wait until each has loaded its rank's Program (stopped at
         entry); any failure ends every rank and says which rank failed and why. `launcher`: the rank launcher
         that forks them (else one of this coordinator's own, ended with it); `on_notes` hears what a rank's
@@ -83,7 +85,8 @@ class Coordinator:
         close() writes their index at it (hardware/ranks/traces.py; existing files are replaced only with
         `overwrite`). `trace`: open the ranks of the index at this path post-mortem instead of a program: no
         devices, no process group, every collective's result read from the traces. `replicas`: the values that must
-        stay identical on every rank (set_replicas)."""
+        stay identical on every rank (set_replicas). `join` (host:port): no rank is forked; ranks started by
+        torchrun on any host join there over TCP (hardware/ranks/join.py), and the store is served beside it."""
         self.index = _opened_index(trace, program, ranks, record)  # the index of the traces this session opened
         self.world_size = self.index.world_size if self.index is not None else _checked_ranks(ranks)
         self.timeout_s = _checked_seconds(timeout_s, "timeout")
@@ -106,10 +109,14 @@ class Coordinator:
         self._on_notes = on_notes
         try:
             # ranks opened from traces join no process group: no rendezvous
-            self._store, address = _serve_store(rendezvous, self.world_size) if self.index is None else (None, "")
-            if self._launcher is None:
-                self._launcher = RankLauncher()
-            forked = self._launcher.fork(self.world_size, address, self._folder, launch_timeout_s)
+            self._store, address = _serve_store(rendezvous or store_beside(join), self.world_size) \
+                if self.index is None else (None, "")
+            if join is not None:  # ranks started elsewhere (by torchrun) join over TCP: hardware/ranks/join.py
+                forked = joined_ranks(join, self.world_size, address, launch_timeout_s, self.index is not None)
+            else:
+                if self._launcher is None:
+                    self._launcher = RankLauncher()
+                forked = self._launcher.fork(self.world_size, address, self._folder, launch_timeout_s)
             self.ranks = [_Rank(r, pid, pipe, self._folder) for r, (pid, pipe) in enumerate(forked)]
             replies = self._ask({r: self._launch_message(r, program, entry, budget_mb)
                                  for r in range(self.world_size)}, launch_timeout_s, "loading its program")
@@ -165,7 +172,9 @@ class Coordinator:
                     pass
         deadline = time.monotonic() + 5.0
         for rank in self.ranks:
-            if exit_code(rank.folder, rank.rank, max(0.1, deadline - time.monotonic())) is None:
+            if rank.pid is None:  # a rank that joined (no process of ours to kill): its connection is shut
+                rank.pipe.wait_closed(max(0.1, deadline - time.monotonic()))
+            elif exit_code(rank.folder, rank.rank, max(0.1, deadline - time.monotonic())) is None:
                 _kill(rank.pid)
                 exit_code(rank.folder, rank.rank, 5.0)  # reaped by the launcher
             rank.pipe.close()
@@ -263,9 +272,10 @@ class Coordinator:
         return rank
 
     def _gone(self, rank: _Rank, doing: str) -> None:
-        code = exit_code(rank.folder, rank.rank, 2.0)
+        code = exit_code(rank.folder, rank.rank, 2.0) if rank.pid is not None else None
         said = rank.output()
-        how = f"exit code {code}" if code is not None else "its pipe closed"
+        how = f"exit code {code}" if code is not None else (
+            "its pipe closed" if rank.pid is not None else "its connection closed")
         rank.gone = f"ended while {doing} ({how})" + (f"; its last output:\n{said}" if said else "")
 
     def _drain(self, rank: _Rank, timeout: float) -> None:
@@ -599,10 +609,7 @@ def _checked_seconds(value: Any, what: str) -> float:
 
 def rendezvous_address(given: str) -> tuple[str, int]:
     """The host and port of a rendezvous written host:port (port 0: any free one), else a RewindError in words."""
-    host, _, port_text = given.rpartition(":")
-    if not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise RewindError(f"rendezvous '{echo(given)}' is not host:port (such as 127.0.0.1:29500)")
-    return host, int(port_text)
+    return address_of(given, "rendezvous", "127.0.0.1:29500")
 
 
 def _serve_store(rendezvous: str | None, world_size: int) -> tuple[Any, str]:

@@ -1,6 +1,7 @@
 """One rank's engine: a process that joins the torch.distributed process group, loads the model file as its rank,
 and runs a Session over it at the coordinator's word (docs/ranks.md). `python -m hardware.ranks.worker
---rank-launcher FD` is the rank launcher (hardware/ranks/launcher.py) that forks these processes.
+--rank-launcher FD` is the rank launcher (hardware/ranks/launcher.py) that forks these processes; `--join
+HOST:PORT` is one rank started by torchrun, which joins its coordinator over TCP (hardware/ranks/join.py).
 
 Its motions stop at its next collective (a function breakpoint on each collective op, the fence): the
 coordinator lets a rank cross one only when every rank has reached a matching one (the Ledger refuses any
@@ -25,6 +26,7 @@ import torch.distributed as dist
 from hardware.errors import RewindError
 from hardware.events import Output
 from hardware.ranks.collectives import Collective, Ledger, collectives_of, refuse_point_to_point
+from hardware.ranks.join import joined_rank_main
 from hardware.ranks.launcher import serve
 from hardware.ranks.forensics import RankForensics
 from hardware.ranks.numerics import RankNumerics
@@ -323,8 +325,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m hardware.ranks.worker",
                                      description="The launcher of a Rewind session's ranks; started by the "
                                                  "coordinator, not by hand.")
-    parser.add_argument("--rank-launcher", type=int, required=True, metavar="FD")  # the socket to the coordinator
+    how = parser.add_mutually_exclusive_group(required=True)
+    how.add_argument("--rank-launcher", type=int, metavar="FD")  # the socket to the coordinator
+    how.add_argument("--join", metavar="HOST:PORT", help="a rank started by torchrun (RANK, WORLD_SIZE) joins the "
+                     "coordinator listening there (docs/ranks.md, 'Several hosts')")
     args = parser.parse_args(argv)
+    if args.join is not None:
+        _leave(joined_rank_main(args.join, lambda rank, world_size, store, pipe: run_rank(
+            RankEngine(rank, world_size), store, pipe)))
     serve(lambda rank, world_size, store, pipe: run_rank(RankEngine(rank, world_size), store, pipe),
           args.rank_launcher)
 
