@@ -29,13 +29,6 @@ class Checkpoint:
 
 
 @dataclass
-class _Slot:
-    tensor: Any
-    storage: Hashable
-    nbytes: int
-
-
-@dataclass
 class Ring:
     """Owns every retained tensor except the Program's own (inputs, parameters, initial buffers)."""
 
@@ -45,7 +38,10 @@ class Ring:
     spill: Callable[[VersionKey, Any], None] | None = None  # where evicted versions go (lower tiers)
     pool: CheckpointPool | None = None  # the driver's device-side pool: retained versions are copies in it
     free_storages: set[Hashable] = field(default_factory=set)  # allocations owned by the Program (cost nothing)
-    _slots: dict[VersionKey, _Slot] = field(default_factory=dict)
+    # The retained tensors and each one's allocation (its bytes are in _sizes): two dict entries per version, no
+    # object of its own (host time and the garbage collector's work, for each of a run's thousands of writes).
+    _slots: dict[VersionKey, Any] = field(default_factory=dict)
+    _storages: dict[VersionKey, Hashable] = field(default_factory=dict)
     _refs: dict[Hashable, int] = field(default_factory=dict)  # allocation -> retained versions using it
     _sizes: dict[Hashable, int] = field(default_factory=dict)
     checkpoints: dict[Tick, Checkpoint] = field(default_factory=dict)
@@ -58,12 +54,10 @@ class Ring:
     evictions: int = 0
 
     def get(self, key: VersionKey) -> Any | None:
-        slot = self._slots.get(key)
-        if slot is None:
-            return None
-        if self.pool is not None:
-            self.pool.ready(slot.tensor)
-        return slot.tensor
+        tensor = self._slots.get(key)
+        if tensor is not None and self.pool is not None:
+            self.pool.ready(tensor)
+        return tensor
 
     def __contains__(self, key: VersionKey) -> bool:
         return key in self._slots
@@ -71,29 +65,33 @@ class Ring:
     def keys(self) -> list[VersionKey]:
         return list(self._slots)
 
-    def cost(self, tensor: Any) -> int:
-        """Bytes retaining `tensor` would add (0 for a view of something already retained)."""
-        storage, nbytes = self.storage_of(tensor)
+    def cost(self, tensor: Any, place: tuple[Hashable, int] | None = None) -> int:
+        """Bytes retaining `tensor` would add (0 for a view of something already retained); `place`: its
+        `storage_of`, when the caller has it."""
+        storage, nbytes = self.storage_of(tensor) if place is None else place
         if storage in self.free_storages or self._refs.get(storage):
             return 0
         return nbytes if self.pool is None else self.pool.cost(tensor)
 
     def put(self, key: VersionKey, tensor: Any, protect: Callable[[VersionKey], bool],
-            distance: Callable[[VersionKey], tuple[int, int]], position: Tick) -> bool:
-        """Retain `tensor` if room can be made; `protect` marks versions that must stay.
+            distance: Callable[[VersionKey], tuple[int, int]], position: Tick,
+            place: tuple[Hashable, int] | None = None) -> bool:
+        """Retain `tensor` if room can be made; `protect` marks versions that must stay; `place`: its `storage_of`,
+        when the caller has it.
 
         Returns False when even after eviction and thinning it does not fit: the caller then
         uses it without retaining it, and it will be recomputed when needed again."""
         if key in self._slots:
             return True
-        need = self.cost(tensor)
+        storage, nbytes = place = self.storage_of(tensor) if place is None else place
+        need = self.cost(tensor, place)
         if not self._room(need) and not self._make_room(need, protect, distance, position, key):
             return False
-        storage, nbytes = self.storage_of(tensor)
         if self.pool is not None and storage not in self.free_storages:
             tensor = self.pool.adopt(tensor)  # the Program's own memory is never copied
             storage, nbytes = self.pool.storage_of(tensor)
-        self._slots[key] = _Slot(tensor, storage, nbytes)
+        self._slots[key] = tensor
+        self._storages[key] = storage
         if self._victims_key is not None:
             self._fresh.append(key)
             if len(self._fresh) > len(self._slots):  # no eviction for long: sort everything when one comes
@@ -103,19 +101,29 @@ class Ring:
                 self.used += nbytes
                 self._sizes[storage] = nbytes
             self._refs[storage] = self._refs.get(storage, 0) + 1
-        self.peak = max(self.peak, self.used)
+        if self.used > self.peak:
+            self.peak = self.used
         return True
 
     def drop(self, key: VersionKey) -> None:
-        slot = self._slots.pop(key, None)
-        if slot is None or slot.storage in self.free_storages:
+        if self._slots.pop(key, None) is None:
             return
-        self._refs[slot.storage] -= 1
-        if self._refs[slot.storage] == 0:
-            del self._refs[slot.storage]
-            self.used -= self._sizes.pop(slot.storage)
+        storage = self._storages.pop(key)
+        if storage in self.free_storages:
+            return
+        self._refs[storage] -= 1
+        if self._refs[storage] == 0:
+            del self._refs[storage]
+            self.used -= self._sizes.pop(storage)
             if self.pool is not None:
-                self.pool.release(slot.storage)
+                self.pool.release(storage)
+
+    def clear(self) -> None:
+        """Let go of every retained version and of the device pool (the session ended)."""
+        for key in list(self._slots):
+            self.drop(key)
+        self.pool = None
+        self._victims, self._victims_key, self._fresh = [], None, []
 
     def drop_after(self, tick: Tick) -> None:
         """Forget versions written at or after `tick` and the checkpoints past it."""
@@ -149,7 +157,7 @@ class Ring:
                     skipped |= victim in self._slots  # held by the step under way: a candidate again later
                     continue  # or gone since the candidates were sorted
                 if self.spill is not None:
-                    self.spill(victim, self._slots[victim].tensor)
+                    self.spill(victim, self._slots[victim])
                 self.drop(victim)
                 self.evictions += 1
             if self._room(need) or victims:
@@ -208,8 +216,8 @@ class Ring:
         seen: set = set()
         total = 0
         for key in cp.pins:
-            slot = self._slots.get(key)
-            if slot and slot.storage not in self.free_storages and slot.storage not in seen:
-                seen.add(slot.storage)
-                total += slot.nbytes
+            storage = self._storages.get(key)
+            if key in self._storages and storage not in self.free_storages and storage not in seen:
+                seen.add(storage)
+                total += self._sizes[storage]
         return total

@@ -62,9 +62,15 @@ class _Stored(Generic[T]):
         setattr(timeline.store, self.name, value)
 
 
-def _keep(into: list, item: Any) -> Any:
-    into.append(item)
-    return item
+@dataclass(frozen=True)
+class _NodePlan:
+    """What executing a node at the frontier needs that the Program fixes, found once per node rather than per run."""
+
+    node: Node
+    # Per output: its name, the mutated buffer it writes (or None), and whether a later step reads it (ticks keep the
+    # nodes' order, so an edit that moves them does not change that).
+    writes: tuple[tuple[str, str | None, bool], ...]
+    last_read: tuple[str, ...]  # the inputs no later step reads
 
 
 class Timeline:
@@ -107,26 +113,36 @@ class Timeline:
         self.nondeterminism: list[Nondeterminism] = []
         self.patches: dict[int, Patch] = {}  # node index -> how this branch runs it instead
         self._seconds: dict[Tick, float] = {}
-        self._marks: dict[Tick, tuple[Any, Any]] = {}  # tick -> the driver's marks around its node, not yet read
+        # tick -> the driver's marks before and after its node, not yet read (two dicts: no pair made per node)
+        self._started: dict[Tick, Any] = {}
+        self._ended: dict[Tick, Any] = {}
         self._branches: list[Branch] = []
+        self._plans = [self._plan(node) for node in program.nodes]
+
+    def _plan(self, node: Node) -> _NodePlan:
+        tick, buffers = self.node_tick[node.index], self.store.buffer_source
+        writes = tuple((name, buffers.get(name), self.last_use_tick(name) > tick) for name in node.outputs)
+        values = self.program.values
+        return _NodePlan(node, writes, tuple(n for n in node.input_names() if values[n].last_use == node.index))
 
     # -- time --------------------------------------------------------------------------
     @property
     def seconds(self) -> dict[Tick, float]:
         """tick -> how long its node ran on the chip when it was executed (the marks are read when asked)."""
-        for tick in list(self._marks):
+        for tick in list(self._started):
             self.node_seconds(tick)
         return self._seconds
 
     @seconds.setter
     def seconds(self, seconds: dict[Tick, float]) -> None:
-        self._marks.clear()
+        self._started.clear()
+        self._ended.clear()
         self._seconds = seconds
 
     def node_seconds(self, tick: Tick) -> float | None:
-        marks = self._marks.pop(tick, None)
-        if marks is not None:
-            self._seconds[tick] = seconds_between(self.driver, *marks)
+        started = self._started.pop(tick, None)
+        if started is not None:
+            self._seconds[tick] = seconds_between(self.driver, started, self._ended.pop(tick))
         return self._seconds.get(tick)
 
     @property
@@ -275,7 +291,7 @@ class Timeline:
     # -- executing at the frontier -------------------------------------------------------------
     def _execute(self, tick: Tick) -> None:
         step = self.schedule[tick]
-        unit = self.unit_name(step.unit)
+        unit = self.unit_names[step.unit]
         store = self.store
         try:
             if self.recorder is not None:
@@ -284,23 +300,24 @@ class Timeline:
                 edited = store.apply_edit(step.edit, tick)
                 self._record(tick, None, step.edit.value, KIND_EDIT, edited, unit)
                 return
-            node = self.program.nodes[step.node]
-            inputs: list[Any] = []
+            plan = self._plans[step.node]
+            read: list[Any] = []
             started = mark(self.driver)
-            outputs = self.run_node_at(node, tick, lambda k: _keep(inputs, self.value_version(*k)))
-            self._marks[tick] = (started, mark(self.driver))
-            input_storages = {self.driver.storage(t)[0] for t in inputs if hasattr(t, "untyped_storage")}
-            for name, tensor in zip(node.outputs, outputs):
-                view = self.driver.storage(tensor)[0] in input_storages
-                self._record(tick, node.index, name, KIND_VIEW if view else KIND_NODE, tensor, unit)
-                buf = store.buffer_source.get(name)
+            outputs = self.run_node(plan.node, store.reader(tick, read))
+            self._started[tick], self._ended[tick] = started, mark(self.driver)
+            storage = self.driver.storage
+            read_storages = {storage(t)[0] for t in read if hasattr(t, "untyped_storage")}
+            for (name, buf, read_later), tensor in zip(plan.writes, outputs):
+                place = storage(tensor)  # a view's is what it views: it writes no memory of its own
+                kind = KIND_VIEW if place[0] in read_storages else KIND_NODE
+                self._record(tick, step.node, name, kind, tensor, unit, read_later, place)
                 if buf is not None:
                     memory = store.write_buffer(buf, tick, tensor)
-                    row = self._log_write(tick, unit, node.index, buf, KIND_BUFFER,
+                    row = self._log_write(tick, unit, step.node, buf, KIND_BUFFER,
                                           write_extent(self.driver, buf, memory, unit), tensor)
                     if self.recorder is not None:
                         self.recorder.write(self.log.row(row))
-            store.read_last(node, tick)
+            store.read_last(plan.last_read, tick)
             if (tick + 1) % self.every == 0 or (self._step_starts and self._starts_step(Tick(tick + 1))):
                 pins = store.checkpoint(Tick(tick + 1))
                 if self.recorder is not None:
@@ -308,9 +325,11 @@ class Timeline:
         finally:
             store.release()
 
-    def _record(self, tick: Tick, node: int | None, name: str, kind: int, tensor: Any, unit: str) -> None:
+    def _record(self, tick: Tick, node: int | None, name: str, kind: int, tensor: Any, unit: str,
+                read_later: bool | None = None, place: tuple[Any, int] | None = None) -> None:
+        """Log and keep one write (`read_later`, `place`: VersionStore.written's, when the caller has them)."""
         row = self._log_write(tick, unit, node, name, kind, write_extent(self.driver, name, tensor, unit), tensor)
-        self.store.written(name, tick, tensor)
+        self.store.written(name, tick, tensor, read_later, place)
         if self.recorder is not None:
             self.recorder.write(self.log.row(row))
             if kind != KIND_VIEW:  # a view is recomputed from what it views, without the device
@@ -404,6 +423,15 @@ class Timeline:
         self.frontier = tick
         if sync:
             self.store.sync_buffers(self.position)
+
+    def close(self) -> None:
+        """The session ended: the lower tiers' files go, and the memory of the versions the ring retains goes back to
+        the allocator now, not when the garbage collector next finds this Timeline's reference cycles: a relaunch, or
+        the next session in the process, computes into pages already mapped instead of faulting in fresh ones (and on
+        a GPU finds the device pool's memory free). A value read afterwards is recomputed."""
+        if self.tiers is not None:
+            self.tiers.close()
+        self.store.let_go()
 
     def forget_from(self, tick: Tick) -> None:
         """Forget the recorded run from `tick` on (a driver's node will run differently): its steps

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, Mapping, Protocol
 
@@ -91,7 +92,9 @@ class VersionStore:
                  tiers: HostTier | None, archive: Archive | None, device_pool: bool | None):
         """`chip`: the driver's description; `device_pool`: retain copies in a preallocated device pool (None: as
         the driver prefers)."""
-        self.owner, self.program, self.driver = owner, program, driver
+        # The owner holds the store: a weak reference back, so a Timeline let go of (a relaunch replaces it) is freed
+        # at once with every tensor it loaded, not when the garbage collector next finds a cycle.
+        self.owner, self.program, self.driver = weakref.proxy(owner), program, driver
         self.archive = archive
         self.initial: Mapping[str, Any] = driver.load(program)
         # Buffers the graph writes live in fixed device memory; their initial contents are kept as the pre-image.
@@ -281,10 +284,13 @@ class VersionStore:
         self.driver.write(edited, edit.offset, edit.data)
         return edited
 
-    def keep(self, key: VersionKey, tensor: Any) -> None:
-        """Hold `tensor` for the step under way, and retain it if the ring can make room."""
+    def keep(self, key: VersionKey, tensor: Any, place: tuple[Hashable, int] | None = None,
+             position: Tick | None = None) -> None:
+        """Hold `tensor` for the step under way, and retain it if the ring can make room (`place`: its allocation and
+        bytes, `position`: the owner's, when the caller has them)."""
         self._scratch[key] = tensor
-        self.ring.put(key, tensor, protect=self._protected, distance=self._distance, position=self.owner.position)
+        position = self.owner.position if position is None else position
+        self.ring.put(key, tensor, self._protected, self._distance, position, place)
 
     def release(self) -> None:
         """The step under way is done: what it held may be evicted."""
@@ -303,12 +309,15 @@ class VersionStore:
         return (1, born - pos if born >= pos else pos - last)
 
     # -- versions written at the frontier ----------------------------------------------------------
-    def written(self, name: str, tick: Tick, tensor: Any) -> None:
-        """`tick` wrote `tensor` as a new version of `name`: retained, and held until its last reader ran."""
+    def written(self, name: str, tick: Tick, tensor: Any, read_later: bool | None = None,
+                place: tuple[Hashable, int] | None = None) -> None:
+        """`tick` wrote `tensor` as a new version of `name`: retained, and held until its last reader ran (`read_later`:
+        whether a later step reads it, when the caller knows; `place`: the tensor's allocation and bytes)."""
         self.versions.setdefault(name, []).append(tick)
-        self.keep((name, tick), tensor)
-        if self.owner.last_use_tick(name) > tick:
-            self.frontier_values[(name, tick)] = tensor
+        key = (name, tick)
+        self.keep(key, tensor, place, tick)  # the owner stands at the tick it executes
+        if self.owner.last_use_tick(name) > tick if read_later is None else read_later:
+            self.frontier_values[key] = tensor
 
     def write_buffer(self, buffer: str, tick: Tick, tensor: Any) -> Any:
         """`tick` wrote `tensor` into a mutated buffer's fixed memory; returns that memory."""
@@ -318,11 +327,28 @@ class VersionStore:
         self.versions[buffer].append(tick)
         return memory
 
-    def read_last(self, node: Node, tick: Tick) -> None:
-        """Let go of the frontier values `node` was the last to read (their retained copies stay in the ring)."""
-        for name in node.input_names():
-            if self.program.values[name].last_use == node.index:
-                self.frontier_values.pop((name, self.version_at(name, tick)), None)
+    def reader(self, tick: Tick, read: list) -> Callable[[str], Any]:
+        """What running the node of `tick` at the frontier reads: each input's version then, appended to `read`. The
+        versions written so far are all before `tick`, so each one's is its last; most are frontier values, the others
+        the Program's own (at hand) or taken from the store."""
+        versions, frontier = self.versions, self.frontier_values
+
+        def value_of(name: str) -> Any:
+            ticks = versions.get(name)
+            version = ticks[-1] if ticks and ticks[-1] < tick else self.version_at(name, tick)
+            key = (name, version)
+            tensor = frontier.get(key)
+            if tensor is None:
+                tensor = self.get(key) if version == INITIAL else self.value_version(name, version)
+            read.append(tensor)
+            return tensor
+        return value_of
+
+    def read_last(self, names: Iterable[str], tick: Tick) -> None:
+        """Let go of the frontier values of `names`, the inputs the node of `tick` was the last to read (their
+        retained copies stay in the ring)."""
+        for name in names:
+            self.frontier_values.pop((name, self.version_at(name, tick)), None)
 
     def checkpoint(self, tick: Tick) -> frozenset[VersionKey]:
         """Pin the retained versions live at `tick`, the frontier: the frontier values are the versions written and
@@ -378,6 +404,13 @@ class VersionStore:
             if version is not None and self.version_at(buf, position) == version:
                 self.driver.copy_into(self.physical[buf], tensor)
                 self._physical_version[buf] = version
+
+    def let_go(self) -> None:
+        """Give back every version the store holds but the Program's own (the session ended): what is read afterwards
+        is recomputed from those."""
+        self.ring.clear()
+        self.frontier_values.clear()
+        self._scratch.clear()
 
     def resync(self) -> None:
         """The versions changed other than by running forward (a trace's rows loaded): check every buffer at the

@@ -19,6 +19,7 @@ import hashlib
 import os
 import platform
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -53,7 +54,8 @@ class Sums(NamedTuple):
 
 
 class Kernel:
-    """The loaded kernel: `sums(flat)` for a contiguous 1-d CPU tensor of a dtype it decodes, else None."""
+    """The loaded kernel: `sums(dense)` for a contiguous CPU tensor of a dtype it decodes (its elements in order from
+    its first), else None."""
 
     def __init__(self, library: ctypes.CDLL):
         self._fn = library.rewind_checks
@@ -61,18 +63,32 @@ class Kernel:
         self._fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                              ctypes.c_void_p]
         self._tables = {dtype: torch.arange(256, dtype=torch.uint8).view(dtype).float() for dtype in FLOAT8}
+        self._out = _Out()
 
-    def sums(self, flat: torch.Tensor) -> Sums | None:
-        kind, table = _KINDS.get(flat.dtype), None
+    def sums(self, dense: torch.Tensor) -> Sums | None:
+        kind, table = _KINDS.get(dense.dtype), None
         if kind is None:
-            table = self._tables.get(flat.dtype)
+            table = self._tables.get(dense.dtype)
             if table is None:
                 return None
             kind, table = _LUT8, table.data_ptr()
-        out_i, out_d = (ctypes.c_int64 * 5)(), (ctypes.c_double * 2)()  # per call: sessions may run in threads
-        self._fn(flat.data_ptr(), flat.numel(), kind, table, out_i, out_d)
-        words, nan, finite, qsum, k = out_i
-        return Sums(words, nan, finite, out_d[0], out_d[1], qsum, k)
+        out = self._out  # this thread's: sessions may run in threads
+        self._fn(dense.data_ptr(), dense.numel(), kind, table, out.at, out.at + _DOUBLES_AT)
+        words, nan, finite, qsum, k, lo, hi = _read_out(out.words)
+        return Sums(words, nan, finite, lo, hi, qsum, k)
+
+
+class _Out(threading.local):
+    """Where the kernel writes one call's results, made once per thread (not per write): its five integers, then
+    its two doubles, read back in one unpacking."""
+
+    def __init__(self) -> None:
+        self.words = (ctypes.c_int64 * 7)()
+        self.at = ctypes.addressof(self.words)
+
+
+_DOUBLES_AT = 5 * 8  # bytes
+_read_out = struct.Struct("=5q2d").unpack_from
 
 
 _lock = threading.Lock()

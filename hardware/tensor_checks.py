@@ -66,7 +66,7 @@ def _wrap64(n: int) -> int:
 def digest_of(words: int, tensor: torch.Tensor) -> int:
     """A checksum of a tensor's bytes from their word sum: any change of one word changes it. It does not see
     a permutation of whole words, which no non-deterministic kernel produces without also changing values."""
-    return _wrap64(words + tensor.numel() * tensor.element_size())
+    return _wrap64(words + tensor.nbytes)
 
 
 def _elements(flat: torch.Tensor) -> torch.Tensor:
@@ -156,15 +156,16 @@ _VALUED = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.
 
 
 def host_stats(tensor: torch.Tensor) -> WriteStats:
-    """The stats of a write on the CPU, in one pass (the fused kernel) or by `reference`."""
-    flat = tensor.reshape(-1)
-    if flat.numel() == 0:
+    """The stats of a write on the CPU, in one pass (the fused kernel) or by `reference`. The kernel reads a
+    contiguous tensor's memory as it is: no flat view made per write."""
+    if tensor.numel() == 0:
         return WriteStats.empty()
-    if flat.dtype not in _VALUED:
+    if tensor.dtype not in _VALUED:
+        flat = tensor.reshape(-1)
         return WriteStats(digest_of(int(word_sum(flat)), flat), 0, 0, math.nan, math.nan, math.nan)
     kernel = fused_checks.kernel() if checks_by() == "fused" else None
-    sums = kernel.sums(flat.contiguous()) if kernel is not None else None
-    return stats_of(sums or reference(flat), flat)
+    sums = kernel.sums(tensor.contiguous()) if kernel is not None else None
+    return stats_of(sums or reference(tensor), tensor)
 
 
 _SLICE = 1 << 18  # elements `reference` widens at a time: its temporaries stay small (no page faults)
@@ -223,13 +224,13 @@ def _quantised(v: torch.Tensor, k: int, nonfinite: bool) -> int:
 
 def stats_of(sums: Sums, flat: torch.Tensor) -> WriteStats:
     """WriteStats from one pass's sums: the mean is their exact quotient, rounded once."""
-    digest_ = digest_of(sums.words, flat)
-    inf = flat.numel() - sums.nan - sums.finite
-    if not sums.finite:
-        return WriteStats(digest_, sums.nan, inf, math.nan, math.nan, math.nan)
-    k = sums.k
-    mean = sums.qsum / (sums.finite << k) if k >= 0 else (sums.qsum << -k) / sums.finite
-    return WriteStats(digest_, sums.nan, inf, sums.lo + 0.0, sums.hi + 0.0, mean)
+    words, nan, finite, lo, hi, qsum, k = sums
+    digest_ = digest_of(words, flat)
+    inf = flat.numel() - nan - finite
+    if not finite:
+        return WriteStats(digest_, nan, inf, math.nan, math.nan, math.nan)
+    mean = qsum / (finite << k) if k >= 0 else (qsum << -k) / finite
+    return WriteStats(digest_, nan, inf, lo + 0.0, hi + 0.0, mean)
 
 
 class TensorReadback(ChecksReadback):

@@ -54,14 +54,21 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 
 # -- running a node's torch op -------------------------------------------------------------------------
+_set_grad_enabled = torch._C._set_grad_enabled  # what torch.no_grad() calls on entering and leaving
+
+
 def run(node: Node, args: tuple, kwargs: dict, device: torch.device) -> list[Any]:
     """Call the node's op with the bound arguments; its outputs in `node.outputs` order."""
     if "device" in kwargs:  # a factory op (a mask's `ones`) names the device it ran on at export: run it here
         kwargs = {**kwargs, "device": device}
-    with torch.no_grad():
+    grad = torch.is_grad_enabled()
+    _set_grad_enabled(False)  # torch.no_grad()'s own switch, without a context manager's objects per node
+    try:
         if is_collective(node.op):
             return _collective(node, lambda: outputs(node, node.target(*args, **kwargs)))
         return outputs(node, node.target(*args, **kwargs))
+    finally:
+        _set_grad_enabled(grad)
 
 
 def _collective(node: Node, call: Callable[[], list[Any]]) -> list[Any]:
@@ -210,7 +217,7 @@ def _bytes_view(tensor: torch.Tensor) -> torch.Tensor:
 
 def _extent_bytes(tensor: torch.Tensor) -> int:
     if tensor.is_contiguous():
-        return tensor.numel() * tensor.element_size()
+        return tensor.nbytes
     if tensor.numel() == 0:
         return 0
     last = sum((s - 1) * st for s, st in zip(tensor.shape, tensor.stride()) if s > 0)

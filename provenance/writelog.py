@@ -6,8 +6,9 @@ queries (last writer of an address at tick t, a value's history) are vectorised 
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -29,6 +30,7 @@ _COLUMNS = [
     ("nan", np.int64), ("inf", np.int64), ("min", np.float64), ("max", np.float64), ("mean", np.float64),
 ]
 _STATS_AT = [name for name, _ in _COLUMNS].index(_STATS[0])
+_WIDTH = len(_COLUMNS)  # fields of a row
 
 
 @dataclass(frozen=True)
@@ -69,16 +71,17 @@ class WriteRecord:
         return out
 
 
-class _Interned:
-    def __init__(self) -> None:
-        self.items: list[str] = []
-        self.ids: dict[str, int] = {}
+class _Interned(dict):
+    """Each string's id, numbered in the order they come (`names` the other way): `interned[s]` is one dict lookup
+    for a string seen before, which is every write's but a value's first."""
 
-    def id(self, s: str) -> int:
-        i = self.ids.get(s)
-        if i is None:
-            i = self.ids[s] = len(self.items)
-            self.items.append(s)
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __missing__(self, s: str) -> int:
+        i = self[s] = len(self.names)
+        self.names.append(s)
         return i
 
 
@@ -88,14 +91,26 @@ class WriteLog:
         self.chip = chip
         self._n = 0  # rows in the columns
         self._cols = {name: np.zeros(capacity, dtype=dt) for name, dt in _COLUMNS}
-        # Rows appended since the last query, in column order: a write is logged as a Python list and the columns
-        # take them in bulk when next read (a dozen numpy element stores a write cost more than the row itself).
-        self._staged: list[list] = []
+        # Rows appended since the last query, their fields one after another in column order in one flat list: the
+        # columns take them in bulk when next read (a dozen numpy element stores a write cost more than the row
+        # itself), and a write allocates nothing of its own for it.
+        self._staged: list = []
         self._units, self._values, self._spaces = _Interned(), _Interned(), _Interned()
-        self.pending = None  # hardware.stats_batch.WriteChecks: rows whose stats are still on the device
+        self._pending: weakref.ref | None = None
+
+    @property
+    def pending(self) -> Any:
+        """hardware.stats_batch.WriteChecks: rows whose stats are still on the device (None: every row is filled)."""
+        return self._pending() if self._pending is not None else None
+
+    @pending.setter
+    def pending(self, checks: Any) -> None:
+        # weakly: the Timeline owns its checks, and a log that held them back would make a cycle that keeps a
+        # Timeline's last batch of tensors, and the log, until the garbage collector finds it
+        self._pending = weakref.ref(checks) if checks is not None else None
 
     def __len__(self) -> int:
-        return self._n + len(self._staged)
+        return self._n + len(self._staged) // _WIDTH
 
     @property
     def nbytes(self) -> int:
@@ -111,27 +126,30 @@ class WriteLog:
             nbytes: int, stats: WriteStats | None) -> int:
         """`append` with the write's memory space, address and bytes (all the log keeps of its Location)."""
         stats = WriteStats.empty() if stats is None else stats
-        self._staged.append([tick, self._units.id(unit), -1 if node is None else node, self._values.id(value), kind,
-                             self._spaces.id(space), address, nbytes, stats.digest, stats.nan, stats.inf, stats.min,
-                             stats.max, stats.mean])
-        return self._n + len(self._staged) - 1
+        staged = self._staged
+        staged += (tick, self._units[unit], -1 if node is None else node, self._values[value], kind,
+                   self._spaces[space], address, nbytes, stats.digest, stats.nan, stats.inf, stats.min, stats.max,
+                   stats.mean)
+        return self._n + len(staged) // _WIDTH - 1
 
     def _flush(self) -> None:
         """Move the staged rows into the columns."""
         staged = self._staged
         if not staged:
             return
-        self._reserve(len(staged))
-        end = self._n + len(staged)
+        count = len(staged) // _WIDTH
+        self._reserve(count)
+        end = self._n + count
         for j, col in enumerate(self._cols.values()):
-            col[self._n: end] = [row[j] for row in staged]
+            col[self._n: end] = staged[j::_WIDTH]
         self._n = end
         staged.clear()
 
     def fill(self, i: int, stats: WriteStats) -> None:
         """The stats of row i, come back from the device."""
         if i >= self._n:
-            self._staged[i - self._n][_STATS_AT:] = [getattr(stats, name) for name in _STATS]
+            at = (i - self._n) * _WIDTH + _STATS_AT
+            self._staged[at: at + len(_STATS)] = [getattr(stats, name) for name in _STATS]
             return
         for name in _STATS:
             self._cols[name][i] = getattr(stats, name)
@@ -146,8 +164,8 @@ class WriteLog:
         self._settle(i)
         self._flush()
         c = {name: col[i].item() for name, col in self._cols.items()}
-        return [c["tick"], self._units.items[c["unit"]], c["node"], self._values.items[c["value"]], c["kind"],
-                self._spaces.items[c["space"]], c["address"], c["nbytes"], c["digest"], c["nan"], c["inf"],
+        return [c["tick"], self._units.names[c["unit"]], c["node"], self._values.names[c["value"]], c["kind"],
+                self._spaces.names[c["space"]], c["address"], c["nbytes"], c["digest"], c["nan"], c["inf"],
                 c["min"], c["max"], c["mean"]]
 
     def append_row(self, row: list) -> int:
@@ -197,11 +215,11 @@ class WriteLog:
         c = {name: col[i] for name, col in self._cols.items()}
         node_idx = int(c["node"])
         node = self.program.nodes[node_idx] if node_idx >= 0 else None
-        value = self._values.items[int(c["value"])]
+        value = self._values.names[int(c["value"])]
         info = self.program.values.get(value)
         dtype, shape = (info.dtype, info.shape) if info else ("", ())
-        unit = self._units.items[int(c["unit"])]
-        location = Location(self.chip, unit, self._spaces.items[int(c["space"])], int(c["address"]),
+        unit = self._units.names[int(c["unit"])]
+        location = Location(self.chip, unit, self._spaces.names[int(c["space"])], int(c["address"]),
                             int(c["nbytes"]), dtype, shape)
         stats = WriteStats(int(c["digest"]), int(c["nan"]), int(c["inf"]), float(c["min"]), float(c["max"]),
                            float(c["mean"]))
@@ -234,7 +252,7 @@ class WriteLog:
         n = self._n
         mask = np.ones(n, dtype=bool)
         if value is not None:
-            vid = self._values.ids.get(value)
+            vid = self._values.get(value)
             if vid is None:
                 return None
             mask &= self._col("value") == vid

@@ -291,6 +291,8 @@ class Motion:
             q += 1  # going back crosses the rest of the node at q first
         first = True
         self.exceptions.start_scan()
+        # Breakpoints change only between motions: a scan with none set asks none of them at each position.
+        holding = breakpoints and bool(self.breakpoints.verified())
         while True:
             if step > 0 and q >= tl.end:
                 stop = self.exceptions.late_stop(settle=True) or Stop("end", tl.end, "end of program")
@@ -311,7 +313,7 @@ class Motion:
                 tl.seek(q)  # executes the step and records it
             stop = stop_at(q)
             if stop is None and breakpoints:
-                stop = self.breakpoints.stop_at(q, direction) or self.exceptions.stop_at(q, direction)
+                stop = (holding and self.breakpoints.stop_at(q, direction)) or self.exceptions.stop_at(q, direction)
             if stop is None and self.state.pause.is_set():
                 stop = Stop("pause", q, "paused")
             late = self.exceptions.late_stop(settle=stop is not None)

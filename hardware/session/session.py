@@ -184,10 +184,11 @@ class Session:
         self.on_event(Output(message + "\n"))
 
     def close(self) -> None:
-        """End the session: finish a recording (index and footer), free spill files, and give back the
-        process-wide state it changed. torch's determinism settings go back to what they were when the last
-        driver holding them lets go (hardware/determinism.py), whatever order Sessions close in; the fix
-        sources registered with linecache are dropped when the last open Session closes."""
+        """End the session: finish a recording (index and footer), free spill files and the memory of the retained
+        values (Timeline.close), and give back the process-wide state it changed. torch's determinism settings go
+        back to what they were when the last driver holding them lets go (hardware/determinism.py), whatever order
+        Sessions close in; the fix sources registered with linecache are dropped when the last open Session
+        closes."""
         _OPEN.discard(self)
         if not _OPEN:
             forget_sources()
@@ -206,8 +207,7 @@ class Session:
                 recorder.close()  # moves the recording onto its file
             except RewindError as exc:  # kept where it was written; say where
                 self._report_recording_error(str(exc))
-        if tl.tiers is not None:
-            tl.tiers.close()
+        tl.close()
         reader = self.trace_reader
         if reader is not None:
             reader.close()

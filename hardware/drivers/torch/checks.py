@@ -20,7 +20,7 @@ __all__ = ["Check", "TorchReadback", "digest_of", "inspect", "pack", "stats", "w
 
 def inspect(tensor: torch.Tensor) -> WriteStats:
     """The stats of a write, read back at once: one host sync (none on the CPU: made there and then)."""
-    if tensor.device.type == "cpu":
+    if tensor.is_cpu:
         return host_stats(tensor)
     return TorchReadback([pack(tensor)], [tensor]).stats()[0]
 
