@@ -63,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     debug.add_argument("--rdzv", metavar="HOST:PORT",
                        help="with --ranks: where the ranks meet (default: $MASTER_ADDR:$MASTER_PORT, else a free "
                             "port on 127.0.0.1)")
+    debug.add_argument("--join", metavar="HOST:PORT",
+                       help="with --ranks: start no rank here; ranks started by torchrun on any host join at "
+                            "HOST:PORT (docs/ranks.md, \"Several hosts\")")
     debug.add_argument("-x", dest="script", metavar="FILE", help="run the commands in FILE, then exit")
     debug.add_argument("--json", action="store_true", help="print one JSON object per command (for agents)")
     debug.add_argument("--trace", metavar="FILE", help="open a recorded trace instead: no device needed")
@@ -101,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         overwrite = True
     target = {"trace": args.trace} if args.trace else {"program": args.program, "record": args.record,
                                                         "overwrite": overwrite or None, "steps": args.steps,
-                                                        "ranks": args.ranks, "rendezvous": args.rdzv}
+                                                        "ranks": args.ranks, "rendezvous": args.rdzv,
+                                                        "join": args.join}
     return console.run(target, args.driver, args.entry, args.script, args.json)
 
 

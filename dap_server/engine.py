@@ -35,7 +35,7 @@ from dap_server.requests import REQUESTS
 from hardware.errors import RewindError
 from hardware.events import Output
 from hardware.ranks.launcher import serve as serve_ranks
-from hardware.ranks.worker import FencedSession, RankEngine, run_rank
+from hardware.ranks.worker import FencedSession, RankEngine, join_as_rank, run_rank
 
 log = logging.getLogger("dap_server")
 MAX_PROGRAM_OUTPUT = 2**20  # bytes of the program's stdout shown to the client per session
@@ -159,7 +159,11 @@ def main(argv: list[str] | None = None) -> None:
                                      description="One Rewind debug session; started by the DAP server, not by hand.")
     parser.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--rank-launcher", type=int, metavar="FD")  # be the launcher of a session's ranks
+    parser.add_argument("--join", metavar="HOST:PORT", help="be a rank started by torchrun (RANK, WORLD_SIZE) that "
+                        "joins a debug session's coordinator listening there (docs/ranks.md, 'Several hosts')")
     args = parser.parse_args(argv)
+    if args.join is not None:
+        join_as_rank(args.join, RankAdapterEngine)
     if args.rank_launcher is not None:
         serve_ranks(lambda rank, world_size, store, pipe: run_rank(RankAdapterEngine(rank, world_size), store, pipe),
                     args.rank_launcher)

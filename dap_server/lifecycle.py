@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from dap_server import paths
 from dap_server.breakpoints import changed_line_breakpoints
 from dap_server.requests import Arguments, StrictArguments, capabilities, capability, request
 from hardware.errors import RewindError
-from hardware.ranks.coordinator import rendezvous_address
+from hardware.ranks.join import address_of
 from hardware.ranks.launcher import MAX_RANKS
 from hardware.ranks.session import RankedSession
 from hardware.ranks.traces import index_ranks
@@ -85,6 +85,7 @@ class LaunchArguments(StrictArguments):
     rankTimeout: float = Field(60.0, gt=0, le=86400)  # with ranks: seconds a rank may take to answer, then reported
     replicas: list[str] | None = None  # with ranks: values that must stay identical on every rank (docs/ranks.md)
     rendezvous: str | None = None  # with ranks: host:port where the coordinator serves the ranks' rendezvous
+    join: str | None = None  # with ranks: host:port where ranks started by torchrun on any host join (docs/ranks.md)
     seed: int = 0  # sim chip: seed of a random schedule
     schedule: Literal["round-robin", "random"] = "round-robin"  # sim chip: how units' steps interleave
     faults: list[dict[str, Any]] = []  # sim chip: planted faults (docs/sim.md); the driver checks them
@@ -99,21 +100,24 @@ class LaunchArguments(StrictArguments):
             raise ValueError("a trace of ranks has no rendezvous: its ranks join no process group (drop 'rendezvous')")
         if self.rendezvous is not None and self.ranks is None:
             raise ValueError("'rendezvous' is where ranks meet: give 'ranks' too")
+        if self.join is not None and (self.ranks is None or self.trace is not None):
+            raise ValueError("'join' is where ranks started by torchrun join a running program: give 'ranks' and "
+                             "'program' (a trace's ranks are started here)")
         if self.trace is not None and self.record is not None:
             raise ValueError("'record' records a running program; a trace opened with 'trace' is already recorded")
         if self.overwrite and self.record is None:
             raise ValueError("'overwrite' replaces an existing 'record' file: give 'record' too, or drop 'overwrite'")
         return self
 
-    @field_validator("rendezvous")
+    @field_validator("rendezvous", "join")
     @classmethod
-    def _host_and_port(cls, rendezvous: str | None) -> str | None:
-        if rendezvous is not None:
+    def _host_and_port(cls, address: str | None, info: ValidationInfo) -> str | None:
+        if address is not None:
             try:
-                rendezvous_address(rendezvous)
+                address_of(address, info.field_name, "127.0.0.1:29500")
             except RewindError as exc:
                 raise ValueError(str(exc)) from None
-        return rendezvous
+        return address
 
     @property
     def source(self) -> str:
@@ -142,7 +146,8 @@ class LaunchArguments(StrictArguments):
                              check_batch=self.checkpoint.checkBatch, device_pool=self.checkpoint.devicePool,
                              stop_on_entry=self.stopOnEntry, reference=reference, rtol=self.rtol,
                              atol=self.atol, seed=self.seed, schedule=self.schedule, faults=self.faults,
-                             ranks=self.ranks, replicas=self.replicas, rendezvous=self.rendezvous)
+                             ranks=self.ranks, replicas=self.replicas, rendezvous=self.rendezvous,
+                             join=self.join)
 
 
 @request("launch")

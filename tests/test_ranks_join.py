@@ -20,6 +20,7 @@ from hardware.errors import RewindError
 from hardware.ranks.coordinator import Coordinator
 from hardware.ticks import Direction
 from tests.conftest import EXAMPLES
+from tests.dap.wire import Debugger, SchemaCheck
 
 pytestmark = pytest.mark.timeout(120)
 TENSOR_PARALLEL = str(EXAMPLES / "tensor_parallel.py")
@@ -33,10 +34,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _torchrun(address: str, token: str) -> subprocess.Popen:
+def _torchrun(address: str, token: str, module: str = "hardware.ranks.worker") -> subprocess.Popen:
+    """torchrun starting 2 ranks of `module` (the rank of a Python-level Coordinator, or dap_server.engine's for a
+    debug session) that join at `address`."""
     env = dict(os.environ, PYTHONPATH=ROOT, REWIND_JOIN_TOKEN=token)
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                             "-m", "hardware.ranks.worker", "--join", address],
+                             "-m", module, "--join", address],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -152,3 +155,29 @@ def test_only_the_printed_token_lets_a_rank_in_and_a_joined_rank_whose_connectio
         sock.close()
     waiting.join(30)
     assert "rank 0 ended while loading its program (its connection closed)" in result["error"]
+
+
+def test_a_debug_session_through_dap_waits_for_torchruns_ranks_and_says_how_to_start_them(monkeypatch):
+    """launch {"ranks": 2, "join": …}: the engine's coordinator says what to run (the token the user set is not
+    shown), the ranks torchrun started join, and the session debugs them as threads."""
+    address = f"127.0.0.1:{_free_port()}"
+    monkeypatch.setenv("REWIND_JOIN_TOKEN", TOKEN)  # the server, its engine and torchrun's ranks share it
+    torchrun = _torchrun(address, TOKEN, "dap_server.engine")  # before the launch: ranks retry until it listens
+    schema = SchemaCheck()
+    debugger = Debugger.spawn(schema)
+    try:
+        stop = debugger.start(Path(TENSOR_PARALLEL), ranks=2, join=address, stopOnEntry=True)
+        assert stop["reason"] == "entry" and stop["allThreadsStopped"]
+        said = [m["body"]["output"] for m in debugger.messages if m.get("event") == "output"]
+        assert any(f"waiting for 2 rank(s) to join at {address}" in line and "with your REWIND_JOIN_TOKEN set" in line
+                   and f"-m dap_server.engine --join {address}" in line and TOKEN not in line for line in said), said
+        assert [t["name"] for t in debugger.request("threads")["threads"]] == ["rank 0", "rank 1"]
+        debugger.motion("continue", {"threadId": 1})  # across both all_reduces, every rank
+        assert debugger.motion("reverseContinue", {"threadId": 2})["reason"] == "entry"
+        assert schema.failures == []
+    finally:
+        debugger.close()
+    try:
+        assert torchrun.wait(30) == 0  # the session's end ends the ranks torchrun started
+    finally:
+        torchrun.kill()

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from hardware.errors import RewindError, echo
 from hardware.ranks import forensics, traces
 from hardware.ranks.collectives import Collective, mismatch
-from hardware.ranks.launcher import MAX_RANKS, RankLauncher, exit_code
+from hardware.ranks.launcher import MAX_RANKS, RANK_MODULE, RankLauncher, exit_code
 from hardware.ranks.join import address_of, joined_ranks, store_beside
 from hardware.ranks.numerics import ReplicaCheck, checked_filters, explained
 from hardware.ranks.pipe import Pipe, PipeClosed
@@ -75,13 +75,13 @@ class Coordinator:
     def __init__(self, program: str | None = None, ranks: int | None = None, entry: str = "build",
                  budget_mb: float = 1024.0, timeout_s: float = 60.0, launch_timeout_s: float = 240.0,
                  rendezvous: str | None = None, launcher: RankLauncher | None = None,
-                 on_notes: Callable[[int, list[str]], None] | None = None, record: str | None = None,
+                 on_notes: Callable[[int | None, list[str]], None] | None = None, record: str | None = None,
                  overwrite: bool = False, trace: str | None = None, replicas: list[str] | None = None,
                  join: str | None = None):
         """Start `ranks` engines on `program` and wait until each has loaded its rank's Program (stopped at
         entry); any failure ends every rank and says which rank failed and why. `launcher`: the rank launcher
         that forks them (else one of this coordinator's own, ended with it); `on_notes` hears what a rank's
-        Session said (its output), with the rank. `record`: each rank records its trace beside this path, and
+        Session said (its output), with the rank (None: the coordinator's own, what to run for ranks to join). `record`: each rank records its trace beside this path, and
         close() writes their index at it (hardware/ranks/traces.py; existing files are replaced only with
         `overwrite`). `trace`: open the ranks of the index at this path post-mortem instead of a program: no
         devices, no process group, every collective's result read from the traces. `replicas`: the values that must
@@ -112,7 +112,10 @@ class Coordinator:
             self._store, address = _serve_store(rendezvous or store_beside(join), self.world_size) \
                 if self.index is None else (None, "")
             if join is not None:  # ranks started elsewhere (by torchrun) join over TCP: hardware/ranks/join.py
-                forked = joined_ranks(join, self.world_size, address, launch_timeout_s, self.index is not None)
+                say = None if on_notes is None else (lambda words: on_notes(None, [words]))  # the surface's
+                module = launcher.module if launcher is not None else RANK_MODULE
+                forked = joined_ranks(join, self.world_size, address, launch_timeout_s, self.index is not None, say,
+                                      module)
             else:
                 if self._launcher is None:
                     self._launcher = RankLauncher()

@@ -17,8 +17,10 @@ import secrets
 import socket
 import sys
 import time
+from typing import Callable
 
 from hardware.errors import RewindError, echo
+from hardware.ranks.launcher import RANK_MODULE
 from hardware.ranks.pipe import Pipe, PipeClosed
 
 TOKEN_ENV = "REWIND_JOIN_TOKEN"
@@ -56,11 +58,11 @@ def _say(words: str) -> None:
     print(f"rewind: {words}", file=sys.stderr, flush=True)
 
 
-def join_command(address: str, world_size: int, token: str | None) -> str:
+def join_command(address: str, world_size: int, token: str | None, module: str) -> str:
     """What to run on each host, in words (`token` None: the user's own, in their environment, is not shown)."""
     run = f"with your {TOKEN_ENV} set, run" if token is None else f"run {TOKEN_ENV}={token}"
     return (f"waiting for {world_size} rank(s) to join at {address}: on each host {run} torchrun "
-            f"--nnodes NODES --nproc-per-node K ... -m hardware.ranks.worker --join {address} (K ranks per host, "
+            f"--nnodes NODES --nproc-per-node K ... -m {module} --join {address} (K ranks per host, "
             f"{world_size} in all)")
 
 
@@ -78,17 +80,19 @@ def store_beside(join: str | None) -> str | None:
     return None if join is None else f"{address_of(join, 'join')[0]}:0"
 
 
-def joined_ranks(join: str, world_size: int, store: str, timeout_s: float,
-                 from_trace: bool) -> list[tuple[None, JoinedPipe]]:
-    """The coordinator's side: listen at `join`, say what to run on each host (on stderr), and wait for every
-    rank; (no pid, its pipe) per rank, in rank order."""
+def joined_ranks(join: str, world_size: int, store: str, timeout_s: float, from_trace: bool,
+                 say: Callable[[str], None] | None = None,
+                 module: str = RANK_MODULE) -> list[tuple[None, JoinedPipe]]:
+    """The coordinator's side: listen at `join`, say what to run on each host (`python -m module --join`; to `say`,
+    else on stderr), and wait for every rank; (no pid, its pipe) per rank, in rank order."""
+    say = say or _say
     if from_trace:
         raise RewindError("ranks opened from a trace index are started here, not joined: leave out join")
     listener = JoinListener(*address_of(join, "join"))
     given = os.environ.get(TOKEN_ENV)  # a token the user set is not printed
     token = given or secrets.token_hex(16)
-    _say(join_command(listener.address, world_size, None if given else token))
-    pipes = listener.accept(world_size, token, store, timeout_s, _say)
+    say(join_command(listener.address, world_size, None if given else token, module))
+    pipes = listener.accept(world_size, token, store, timeout_s, say)
     return [(None, pipe) for pipe in pipes]
 
 

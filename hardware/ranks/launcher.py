@@ -45,11 +45,15 @@ _LOG_TAIL = 2000  # characters of the launcher's output quoted when it ends earl
 RunRank = Callable[[int, int, str, Pipe], int]
 
 
+RANK_MODULE = "hardware.ranks.worker"  # what a rank process runs, unless a surface has its own (dap_server.engine)
+
+
 class RankLauncher:
     """The coordinator's handle on a launcher process. One may serve many launches, one after another (a test module,
     a debug session relaunched); `close()` ends it once the ranks it forked have ended."""
 
-    def __init__(self, module: str = "hardware.ranks.worker"):
+    def __init__(self, module: str = RANK_MODULE):
+        self.module = module  # what a rank runs: also what torchrun starts for ranks that join (ranks/join.py)
         self._folder = Path(tempfile.mkdtemp(prefix="rewind-launcher-"))
         self._log = self._folder / "launcher.log"
         self._lock = threading.Lock()

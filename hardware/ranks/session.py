@@ -52,7 +52,7 @@ class RankedSession:
                                        entry=options.entry, budget_mb=options.budget_mb, timeout_s=self.timeout_s,
                                        launcher=self._launcher, on_notes=self._notes, record=options.record,
                                        overwrite=options.overwrite, trace=options.trace, replicas=options.replicas,
-                                       rendezvous=options.rendezvous)
+                                       rendezvous=options.rendezvous, join=options.join)
         self._stop_on_entry = options.stop_on_entry
         self.breakpoint_ids = BreakpointIds()  # new ranks, new breakpoints
         if self._hello is not None:
@@ -172,9 +172,11 @@ class RankedSession:
             except RewindError as exc:
                 self.on_event(Output(f"{exc}\n"))
 
-    def _notes(self, rank: int, notes: list[str]) -> None:
+    def _notes(self, rank: int | None, notes: list[str]) -> None:
+        """What a rank's Session said; rank None: the coordinator's own words (what to run for ranks to join)."""
         for note in notes:
-            self.on_event(Output(f"rank {rank}: {note}\n", "log"))
+            self.on_event(Output(f"rank {rank}: {note}\n", "log") if rank is not None
+                          else Output(f"{note}\n", "important"))
 
     def _emit(self, cut: CutStop) -> None:
         self.last_stop = self._stop(cut)

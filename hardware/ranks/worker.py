@@ -321,6 +321,13 @@ def run_rank(engine: RankEngine, store: str, pipe: Pipe) -> int:
     return 0
 
 
+def join_as_rank(address: str, engine: Callable[[int, int], RankEngine]) -> None:
+    """This process is a rank torchrun started (RANK, WORLD_SIZE): join the coordinator at `address`, be `engine`
+    (rank, world size) until the coordinator closes, and leave with the rank's exit code."""
+    _leave(joined_rank_main(address, lambda rank, world_size, store, pipe: run_rank(
+        engine(rank, world_size), store, pipe)))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m hardware.ranks.worker",
                                      description="The launcher of a Rewind session's ranks; started by the "
@@ -331,8 +338,7 @@ def main(argv: list[str] | None = None) -> None:
                      "coordinator listening there (docs/ranks.md, 'Several hosts')")
     args = parser.parse_args(argv)
     if args.join is not None:
-        _leave(joined_rank_main(args.join, lambda rank, world_size, store, pipe: run_rank(
-            RankEngine(rank, world_size), store, pipe)))
+        join_as_rank(args.join, RankEngine)
     serve(lambda rank, world_size, store, pipe: run_rank(RankEngine(rank, world_size), store, pipe),
           args.rank_launcher)
 

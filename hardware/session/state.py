@@ -46,6 +46,7 @@ class LaunchOptions:
     faults: list = field(default_factory=list)  # sim chip: injected faults (hardware/drivers/sim/faults.py)
     ranks: int | None = None  # torch.distributed ranks, an engine process each (hardware/ranks/); None: no group
     rendezvous: str | None = None  # with ranks: host:port the ranks meet at (default: $MASTER_ADDR:$MASTER_PORT)
+    join: str | None = None  # with ranks: host:port where ranks started by torchrun join (hardware/ranks/join.py)
     replicas: list[str] | None = None  # with ranks: values that must stay identical on every rank (ranks/numerics.py)
 
     def driver_options(self) -> dict:

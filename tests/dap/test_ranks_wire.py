@@ -183,8 +183,11 @@ def test_the_console_gives_its_ranks_to_the_launch():
     ({"ranks": 2, "rendezvous": "nonsense"}, "rendezvous 'nonsense' is not host:port"),
     ({"ranks": 2, "rendezvous": "127.0.0.1:99999"}, "is not host:port"),
     ({"ranks": 2, "rendezvous": 29500}, "field 'rendezvous': input should be a valid string"),
-    ({"rendezvous": "127.0.0.1:0"}, "'rendezvous' is where ranks meet: give 'ranks' too")])
-def test_a_rendezvous_that_is_no_host_and_port_or_has_no_ranks_is_refused(ranks, arguments, words):
+    ({"rendezvous": "127.0.0.1:0"}, "'rendezvous' is where ranks meet: give 'ranks' too"),
+    ({"ranks": 2, "join": "nowhere"}, "join 'nowhere' is not host:port"),
+    ({"ranks": 2, "join": ["127.0.0.1:1"]}, "field 'join': input should be a valid string"),
+    ({"join": "127.0.0.1:0"}, "'join' is where ranks started by torchrun join a running program: give 'ranks'")])
+def test_a_rendezvous_or_join_that_is_no_host_and_port_or_has_no_ranks_is_refused(ranks, arguments, words):
     _refused(ranks, "launch", {"program": str(MODEL), **arguments}, words)
 
 
