@@ -279,7 +279,10 @@ class VersionStore:
 
     def apply_edit(self, edit: Edit, tick: Tick) -> Any:
         """The edited value: a copy of the version the edit writes into, with its bytes written."""
-        base = self.get((edit.value, self.version_at(edit.value, tick)))
+        key = (edit.value, self.version_at(edit.value, tick))
+        base = self.get(key)
+        if base is None:  # evicted before the edit ran (a small ring, an edit in the past): made again
+            base = self.value_version(*key)
         edited = self.driver.clone(base)
         self.driver.write(edited, edit.offset, edit.data)
         return edited

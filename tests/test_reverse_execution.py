@@ -423,3 +423,20 @@ def test_set_element_on_a_bfloat16_value_is_an_edit_like_any_other():
     assert session.tensor("mul").tolist() == [2.0, 7.5, 2.0]
     session.goto(session.end)
     assert session.tensor(session.program.outputs[0]).item() == 11.5
+
+
+
+def test_an_edit_in_the_past_of_a_value_the_ring_evicted_writes_into_the_value_made_again():
+    """Timeline.edit at a tick whose value the ring let go: the edit's base is recomputed from the nearest
+    checkpoint (it was missing before), and the edited value is that base with the edited bytes."""
+    kept = open_session(EXAMPLES / "gpt.py")  # the default budget keeps every value
+    kept.goto(kept.tl.end // 2)
+    base = kept.tl.value("embedding").clone()
+    session = open_session(EXAMPLES / "gpt.py", budget_mb=0.0005)
+    tl = session.tl
+    session.goto(tl.end)
+    session.goto(tl.end // 2)
+    tl.edit("embedding", 0, bytes(base.element_size()))  # nothing read it since the ring let it go
+    after = tl.value("embedding").reshape(-1)
+    assert tl.ring.evictions > 0
+    assert after[0].item() == 0 and torch.equal(after[1:], base.reshape(-1)[1:])
