@@ -11,6 +11,7 @@ import json
 import os
 import re
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TextIO
@@ -23,6 +24,7 @@ HISTORY = Path.home() / ".rewind_history"
 BREAKPOINT_MODES = ("forward", "backward", "both")  # a breakpoint's `mode`, as the server takes it
 _EXISTS = re.compile(r"exists; (send|set) overwrite")  # saveTrace's answer for an existing file
 PROMPT = "(rewind) "
+JOIN_WAIT_S = 300.0  # a launch whose ranks join from other hosts: the coordinator waits 240 s for them, then says who
 NAMES = ("Names: a bare name is a variable of the selected frame, else a program value; $name is always the "
          "program value named name (a node's output, an input, a parameter), even where a function or a "
          "variable has that name: print $mean, find $rsqrt.isinf().any()")
@@ -115,11 +117,34 @@ class Console(NumericsCommands):
         mark = self.client.mark()
         target = {k: v for k, v in target.items() if v is not None}
         here = _working_directory()  # the user's paths (a program, --record, save FILE) mean what they mean here
-        self.client.request("launch", {**({"cwd": here} if here else {}), **target, "driver": driver, "entry": entry,
-                                       "stopOnEntry": True})
+        launch = {**({"cwd": here} if here else {}), **target, "driver": driver, "entry": entry, "stopOnEntry": True}
+        if target.get("join"):
+            mark = self._launch_saying_how_to_join(launch, mark)
+        else:
+            self.client.request("launch", launch)
         self.client.wait_for("initialized")
         self.client.request("configurationDone")
         self._emit(f"launch {target.get('program') or target.get('trace')}", self._stopped(mark), mark=mark)
+
+    def _launch_saying_how_to_join(self, launch: dict, mark: int) -> int:
+        """A launch whose ranks join from other hosts is answered once they all have: until then, show what the
+        session says to run on each host (the port, the token) as it says it. Returns the mark after it."""
+        pending, deadline = self.client.send("launch", launch), time.monotonic() + JOIN_WAIT_S
+        while True:
+            try:
+                response = pending.wait(0.25)
+                break
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise
+            now = self.client.mark()
+            for name, body in self.client.events_since(mark)[:now - mark]:
+                if name == "output" and body.get("category") == "important":
+                    print(body.get("output", ""), end="", file=sys.stderr, flush=True)
+            mark = now
+        if not response.success:
+            raise DapError("launch", str(response.body))
+        return mark
 
     def execute(self, line: str) -> bool:
         """Run one command line; False when the console should quit."""

@@ -20,7 +20,6 @@ from hardware.errors import RewindError
 from hardware.ranks.coordinator import Coordinator
 from hardware.ticks import Direction
 from tests.conftest import EXAMPLES
-from tests.dap.wire import Debugger, SchemaCheck
 
 pytestmark = pytest.mark.timeout(120)
 TENSOR_PARALLEL = str(EXAMPLES / "tensor_parallel.py")
@@ -157,27 +156,31 @@ def test_only_the_printed_token_lets_a_rank_in_and_a_joined_rank_whose_connectio
     assert "rank 0 ended while loading its program (its connection closed)" in result["error"]
 
 
-def test_a_debug_session_through_dap_waits_for_torchruns_ranks_and_says_how_to_start_them(monkeypatch):
-    """launch {"ranks": 2, "join": …}: the engine's coordinator says what to run (the token the user set is not
-    shown), the ranks torchrun started join, and the session debugs them as threads."""
-    address = f"127.0.0.1:{_free_port()}"
-    monkeypatch.setenv("REWIND_JOIN_TOKEN", TOKEN)  # the server, its engine and torchrun's ranks share it
-    torchrun = _torchrun(address, TOKEN, "dap_server.engine")  # before the launch: ranks retry until it listens
-    schema = SchemaCheck()
-    debugger = Debugger.spawn(schema)
+
+def test_the_console_says_how_to_join_before_it_waits_and_debugs_the_ranks_torchrun_started(tmp_path, monkeypatch):
+    """`rewind debug --ranks 2 --join host:0`: the console shows what to run on each host (the port it listens on,
+    the token it made) while the launch waits, the ranks torchrun starts with them join, and the session is theirs:
+    the launch through DAP and its output event, every rank to the end and back across the collectives."""
+    monkeypatch.delenv("REWIND_JOIN_TOKEN", raising=False)
+    script = tmp_path / "session.rewind"
+    script.write_text("continue\nrc\nquit\n")
+    console = subprocess.Popen([sys.executable, "-c", "import sys; from dap_server.cli import main; sys.exit(main())",
+                                "debug", TENSOR_PARALLEL, "--ranks", "2", "--join", "127.0.0.1:0", "-x", str(script)],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    torchrun = None
     try:
-        stop = debugger.start(Path(TENSOR_PARALLEL), ranks=2, join=address, stopOnEntry=True)
-        assert stop["reason"] == "entry" and stop["allThreadsStopped"]
-        said = [m["body"]["output"] for m in debugger.messages if m.get("event") == "output"]
-        assert any(f"waiting for 2 rank(s) to join at {address}" in line and "with your REWIND_JOIN_TOKEN set" in line
-                   and f"-m dap_server.engine --join {address}" in line and TOKEN not in line for line in said), said
-        assert [t["name"] for t in debugger.request("threads")["threads"]] == ["rank 0", "rank 1"]
-        debugger.motion("continue", {"threadId": 1})  # across both all_reduces, every rank
-        assert debugger.motion("reverseContinue", {"threadId": 2})["reason"] == "entry"
-        assert schema.failures == []
-    finally:
-        debugger.close()
-    try:
+        said = console.stderr.readline()
+        joining = re.search(r"waiting for 2 rank\(s\) to join at (\S+): on each host run REWIND_JOIN_TOKEN=(\w+) "
+                            r"torchrun .* -m dap_server\.engine --join \1 ", said)
+        assert joining, said
+        torchrun = _torchrun(joining[1], joining[2], "dap_server.engine")
+        out, err = console.communicate(timeout=240)
+        assert console.returncode == 0, (out, err[-2000:])
+        assert "stopped on entry (rank 0 at tick 0, rank 1 at tick 0)" in out, out
+        assert re.search(r"end of program \(rank 0 at tick (\d+), rank 1 at tick \1\)", out), out
+        assert "beginning of the program (rank 0 at tick 0, rank 1 at tick 0)" in out, out
         assert torchrun.wait(30) == 0  # the session's end ends the ranks torchrun started
     finally:
-        torchrun.kill()
+        console.kill()
+        if torchrun is not None:
+            torchrun.kill()

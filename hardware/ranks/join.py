@@ -91,7 +91,11 @@ def joined_ranks(join: str, world_size: int, store: str, timeout_s: float, from_
     listener = JoinListener(*address_of(join, "join"))
     given = os.environ.get(TOKEN_ENV)  # a token the user set is not printed
     token = given or secrets.token_hex(16)
-    say(join_command(listener.address, world_size, None if given else token, module))
+    try:
+        say(join_command(listener.address, world_size, None if given else token, module))
+    except BaseException:  # the surface could not say it (its client gone): nobody can join, listen no more
+        listener.close()
+        raise
     pipes = listener.accept(world_size, token, store, timeout_s, say)
     return [(None, pipe) for pipe in pipes]
 
