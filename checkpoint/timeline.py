@@ -375,7 +375,7 @@ class Timeline:
             if not 0 <= patch.node < len(self.program.nodes):
                 raise RewindError(f"no node {patch.node} to patch (the program has {len(self.program.nodes)})")
         origin = self.position
-        held = self.store.held_buffers(origin, sum(held_bytes(self.driver, {b: t for b, (_, t) in br.buffers.items()})
+        held = self.store.held_buffers(origin, sum(held_bytes(self.driver, (t for _, t in br.buffers.values()))
                                                    for br in self._branches))
         tick = min(self.node_tick[p.node] for p in patches)
         self.seek(tick)

@@ -74,9 +74,9 @@ class Owner(Protocol):
     def check_digests(self, node: Node, tick: Tick, outputs: list[Any]) -> None: ...
 
 
-def held_bytes(driver: Driver, tensors: Mapping[str, Any]) -> int:
+def held_bytes(driver: Driver, tensors: Iterable[Any]) -> int:
     """Bytes the allocations of `tensors` take."""
-    return sum(driver.storage(t)[1] for t in tensors.values())
+    return sum(driver.storage(t)[1] for t in tensors)
 
 
 @dataclass
@@ -397,7 +397,7 @@ class VersionStore:
         will be recomputed when needed). Never in a device pool's memory: the pool was sized to what is free."""
         if self._synced != position or not self.physical or self.ring.pool is not None:
             return {}
-        if held_already + held_bytes(self.driver, self.physical) > self.budget // 4:
+        if held_already + held_bytes(self.driver, self.physical.values()) > self.budget // 4:
             return {}
         return {buf: (self._physical_version[buf], self.driver.clone(mem)) for buf, mem in self.physical.items()}
 

@@ -210,9 +210,10 @@ def _index_ranks(adapter: "RequestContext", trace: str | None, replicas: list[st
     recording that very index (written when they end)."""
     if trace is None:
         return None
-    if index_ranks(trace) is None and isinstance(adapter.session, RankedSession):
-        adapter.session.end_run()
     world = index_ranks(trace)
+    if world is None and isinstance(adapter.session, RankedSession):
+        adapter.session.end_run()
+        world = index_ranks(trace)
     if world is None and replicas is not None and os.path.isfile(trace):  # (a missing trace: opening it says so)
         raise RewindError("'replicas' compares values across ranks: this trace is one session's, not an index of "
                           "ranks' traces")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import warnings
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -39,6 +41,14 @@ def launcher():
     launcher = RankLauncher()
     yield launcher
     launcher.close()
+
+
+def fresh_module(path: str | Path) -> ModuleType:
+    """The file imported anew, as a module of its own (not the one in sys.modules): eager runs of a model file."""
+    spec = importlib.util.spec_from_file_location(f"eager_{Path(path).stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @functools.lru_cache(maxsize=None)

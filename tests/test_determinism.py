@@ -3,7 +3,6 @@ have no deterministic kernel (their ticks are what replay's digest check may fla
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import warnings
 from pathlib import Path
@@ -14,7 +13,7 @@ import torch
 from checkpoint.timeline import Timeline
 from hardware import determinism
 from hardware.drivers.torch import TorchDriver
-from tests.conftest import program
+from tests.conftest import fresh_module, program
 
 UNPOOL = str(Path(__file__).resolve().parent / "models" / "unpool.py")
 # The workspace configs torch itself accepts as deterministic (at::Context::checkCuBLASConfigDeterministic)
@@ -63,9 +62,7 @@ def test_a_workspace_config_torch_counts_as_non_deterministic_is_replaced_report
 def kernels_torch_alerts(path: str, device: str) -> set[str]:
     """The kernels torch itself says have no deterministic implementation on `device` when the model file's module
     runs eagerly there: torch's own alerts, with deterministic algorithms on in warn-only mode."""
-    spec = importlib.util.spec_from_file_location(f"eager_{Path(path).stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = fresh_module(path)
     model, inputs = module.build()
     model, inputs = model.to(device), tuple(t.to(device) for t in inputs)
     before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())

@@ -4,7 +4,6 @@ group per model is started for the module."""
 
 from __future__ import annotations
 
-import importlib.util
 import time
 
 import psutil
@@ -14,18 +13,11 @@ import torch
 from hardware.errors import RewindError
 from hardware.ranks.coordinator import Coordinator
 from hardware.ticks import Direction
-from tests.conftest import EXAMPLES, MODELS, line_of
+from tests.conftest import EXAMPLES, MODELS, fresh_module, line_of
 
 pytestmark = pytest.mark.timeout(240)  # a deadlock fails the test instead of hanging the suite
 TENSOR_PARALLEL = EXAMPLES / "tensor_parallel.py"
 RANKS = MODELS / "ranks"
-
-
-def _example():
-    spec = importlib.util.spec_from_file_location("tensor_parallel_example", TENSOR_PARALLEL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _gone(pids: list[int]) -> bool:
@@ -57,7 +49,7 @@ def _bytes(c: Coordinator, name_of) -> dict[int, list[int]]:
 def test_tensor_parallel_output_equals_one_process(four):
     stop = four.run()
     assert stop.reason == "end" and set(stop.ticks) == {0, 1, 2, 3}
-    expected = _example().reference()
+    expected = fresh_module(TENSOR_PARALLEL).reference()
     for r in range(4):
         got = four.tensor(r, four.outputs(r)[0])
         assert got["shape"] == list(expected.shape)

@@ -13,13 +13,12 @@ import psutil
 import pytest
 import torch
 
-from dap_server.client import DapError
 from hardware.errors import RewindError
 from hardware.ranks.coordinator import Coordinator
 from hardware.ranks.numerics import difference
 from hardware.ticks import Direction
 from tests.conftest import MODELS, line_of
-from tests.dap.wire import Debugger, SchemaCheck
+from tests.dap.wire import Debugger, SchemaCheck, refused
 
 pytestmark = pytest.mark.timeout(240)  # a deadlock fails the test instead of hanging the suite
 NAN_MODEL = MODELS / "ranks" / "planted_nan_rank.py"
@@ -176,12 +175,6 @@ def wire():
     assert schema.failures == [], "messages that break the DAP schema"
 
 
-def _refused(debugger: Debugger, command: str, arguments: dict, words: str) -> None:
-    with pytest.raises(DapError) as caught:
-        debugger.request(command, arguments)
-    assert words in caught.value.message and "Error" not in caught.value.message
-
-
 def test_through_the_wire_a_carried_nan_names_the_rank_it_was_born_on(wire):
     birth = wire.motion("continue", {"threadId": 1})  # the NaN filter is on by default
     assert (birth["reason"], birth["threadId"]) == ("exception", 2)
@@ -199,11 +192,11 @@ def test_through_the_wire_a_carried_nan_names_the_rank_it_was_born_on(wire):
 
 def test_through_the_wire_drifting_replicas_stop_with_the_replicas_exception(wire):
     program = {"program": str(DRIFT_MODEL), "ranks": 2, "stopOnEntry": True}
-    _refused(wire, "restart", {"arguments": {**program, "replicas": "updated"}},
+    refused(wire, "restart", {"arguments": {**program, "replicas": "updated"}},
              "field 'arguments.replicas': input should be a valid list")
-    _refused(wire, "restart", {"arguments": {"program": str(DRIFT_MODEL), "replicas": ["updated"]}},
+    refused(wire, "restart", {"arguments": {"program": str(DRIFT_MODEL), "replicas": ["updated"]}},
              "'replicas' compares values across ranks: give 'ranks' too")
-    _refused(wire, "restart", {"arguments": {**program, "replicas": ["nope"]}}, "replicas: 'nope' names no variable")
+    refused(wire, "restart", {"arguments": {**program, "replicas": ["nope"]}}, "replicas: 'nope' names no variable")
     assert wire.motion("restart", {"arguments": {**program, "replicas": ["updated"]}})["reason"] == "entry"
     stop = wire.motion("continue", {"threadId": 1})
     assert (stop["reason"], stop["text"], stop["threadId"]) == ("exception", "Replicas", 2)

@@ -14,12 +14,11 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from dap_server.client import DapError
 from hardware.errors import RewindError
 from hardware.ranks.coordinator import Coordinator
 from hardware.ranks.traces import check_rank_trace, file_digest, index_ranks, read_index
 from tests.conftest import EXAMPLES
-from tests.dap.wire import Debugger, SchemaCheck
+from tests.dap.wire import Debugger, SchemaCheck, rank_ticks, refused
 
 pytestmark = pytest.mark.timeout(240)  # a deadlock fails the test instead of hanging the suite
 TENSOR_PARALLEL = EXAMPLES / "tensor_parallel.py"
@@ -63,11 +62,6 @@ def traced(server, folder, live) -> Debugger:
     return server
 
 
-def _ticks(stop: dict) -> tuple[int, ...]:
-    """Every rank's tick, from a stop's words ("... (rank 0 at tick 3, rank 1 at tick 3)")."""
-    return tuple(int(t) for _, t in re.findall(r"rank (\d+) at tick (\d+)", stop["description"]))
-
-
 def _values(debugger: Debugger, thread: int) -> dict[str, str]:
     """Every live value of the thread's rank (`$name`: the Program value), each element exactly (a float's repr
     round-trips)."""
@@ -80,17 +74,10 @@ def _walk(debugger: Debugger, stop: dict, motion: str) -> dict[tuple[int, ...], 
     """One node at a time (`next` or `stepBack`) until the end (or the beginning): each cut's values by rank."""
     seen = {}
     while True:
-        seen[_ticks(stop)] = {rank: _values(debugger, rank + 1) for rank in (0, 1)}
+        seen[tuple(rank_ticks(stop))] = {rank: _values(debugger, rank + 1) for rank in (0, 1)}
         if stop["reason"] in ("end", "entry") and len(seen) > 1:
             return seen
         stop = debugger.motion(motion, {"threadId": 2, "granularity": "instruction"})
-
-
-def _refused(debugger: Debugger, command: str, arguments: dict, words: str) -> None:
-    with pytest.raises(DapError) as caught:
-        debugger.request(command, arguments)
-    assert words in caught.value.message
-    assert "Error" not in caught.value.message  # words, not a Python exception's name
 
 
 def test_recording_ranks_writes_a_trace_per_rank_beside_their_index(traced, folder, live):
@@ -118,7 +105,7 @@ def test_stepping_back_across_every_collective_of_the_traces_reads_the_live_valu
     back = _walk(traced, stop, "stepBack")  # across all_reduce #2 (tick 9) and #1 (tick 3), on both ranks
     assert back == live
     stop = traced.motion("continue", {"threadId": 1})  # forward again, across both: the recorded results
-    assert (stop["reason"], _ticks(stop)) == ("end", (12, 12))
+    assert (stop["reason"], tuple(rank_ticks(stop))) == ("end", (12, 12))
 
 
 def _craft(folder: Path, case: str, good: Path) -> Path:
@@ -179,7 +166,7 @@ def _craft(folder: Path, case: str, good: Path) -> Path:
 ])
 def test_a_damaged_or_crafted_index_is_refused_in_words_and_the_server_goes_on(traced, folder, case, words):
     index = _craft(folder, case, folder / "run.rwtrace")
-    _refused(traced, "restart", {"arguments": {"trace": str(index)}}, words)
+    refused(traced, "restart", {"arguments": {"trace": str(index)}}, words)
     assert traced.request("threads")["threads"] == []  # still serving, with no ranks left half-open
 
 
@@ -187,7 +174,7 @@ def test_a_recording_of_ranks_destroys_no_file(traced, folder):
     kept = folder / "kept"
     kept.mkdir()
     (kept / "run.rank1.rwtrace").write_text("the user's")
-    _refused(traced, "restart", {"arguments": {"program": str(TENSOR_PARALLEL), "ranks": 2,
+    refused(traced, "restart", {"arguments": {"program": str(TENSOR_PARALLEL), "ranks": 2,
                                                "record": str(kept / "run.rwtrace")}},
              f"cannot record to {kept / 'run.rank1.rwtrace'}: it exists; set overwrite to true to replace it")
     assert sorted(p.name for p in kept.iterdir()) == ["run.rank1.rwtrace"]
@@ -197,11 +184,11 @@ def test_a_recording_of_ranks_destroys_no_file(traced, folder):
 def test_a_rendezvous_for_an_index_replicas_of_one_sessions_trace_or_a_nul_in_a_path_are_refused_in_words(
         traced, folder):
     index = str(folder / "run.rwtrace")
-    _refused(traced, "restart", {"arguments": {"trace": index, "ranks": 2, "rendezvous": "127.0.0.1:0"}},
+    refused(traced, "restart", {"arguments": {"trace": index, "ranks": 2, "rendezvous": "127.0.0.1:0"}},
              "a trace of ranks has no rendezvous")
-    _refused(traced, "restart", {"arguments": {"trace": str(folder / "run.rank0.rwtrace"), "replicas": ["linear"]}},
+    refused(traced, "restart", {"arguments": {"trace": str(folder / "run.rank0.rwtrace"), "replicas": ["linear"]}},
              "'replicas' compares values across ranks: this trace is one session's, not an index of ranks' traces")
-    _refused(traced, "restart", {"arguments": {"trace": "run\0.rwtrace", "cwd": str(folder), "ranks": 2}},
+    refused(traced, "restart", {"arguments": {"trace": "run\0.rwtrace", "cwd": str(folder), "ranks": 2}},
              "the path contains a NUL character")
 
 
@@ -230,7 +217,7 @@ def test_each_rank_checks_its_own_traces_digest_and_reading_the_index_does_not(t
 
 def test_after_refusals_the_index_opens_again(traced, folder, live):
     stop = traced.motion("restart", {"arguments": {"trace": str(folder / "run.rwtrace")}})
-    assert (stop["reason"], _ticks(stop)) == ("end", (12, 12))
+    assert (stop["reason"], tuple(rank_ticks(stop))) == ("end", (12, 12))
     assert {rank: _values(traced, rank + 1) for rank in (0, 1)} == live[(12, 12)]
 
 

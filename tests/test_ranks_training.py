@@ -4,7 +4,6 @@ a gradient hook all-reduces each gradient, and the replicated parameters stay id
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import textwrap
 
@@ -16,17 +15,10 @@ from hardware.frontends.torch_train import load_program
 from hardware.ranks.coordinator import Coordinator
 from hardware.session import LaunchOptions, Session
 from hardware.ticks import Direction
-from tests.conftest import EXAMPLES, line_of
+from tests.conftest import EXAMPLES, fresh_module, line_of
 
 pytestmark = pytest.mark.timeout(240)  # a deadlock fails the test instead of hanging the suite
 DATA_PARALLEL = EXAMPLES / "data_parallel.py"
-
-
-def _example():
-    spec = importlib.util.spec_from_file_location("data_parallel_example", DATA_PARALLEL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _updated(path: str) -> str:
@@ -60,7 +52,7 @@ def test_the_gradient_all_reduce_is_a_collective_of_the_backward_at_the_hooks_li
 
 def test_a_data_parallel_step_trains_every_rank_as_one_process_trains_on_the_whole_batch(two):
     assert two.run().reason == "end"
-    expected = _example().reference()
+    expected = fresh_module(DATA_PARALLEL).reference()
     for r in range(2):
         for path, want in expected.items():
             got = two.tensor(r, _updated(path))
@@ -71,7 +63,7 @@ def test_a_data_parallel_step_trains_every_rank_as_one_process_trains_on_the_who
 
 def test_replicated_parameters_stay_bit_identical_on_every_rank_after_the_step(two):
     two.run()
-    for path in _example().reference():
+    for path in fresh_module(DATA_PARALLEL).reference():
         got = [two.tensor(r, _updated(path))["bytes"] for r in range(2)]
         assert got[0] == got[1], path
 
@@ -79,7 +71,7 @@ def test_replicated_parameters_stay_bit_identical_on_every_rank_after_the_step(t
 def test_stepping_back_across_the_gradient_all_reduce_is_bit_identical(two):
     two.run()
     last = two.collectives(0)[-1]  # the last gradient all_reduce
-    names = [last.value] + [_updated(path) for path in _example().reference()]
+    names = [last.value] + [_updated(path) for path in fresh_module(DATA_PARALLEL).reference()]
     before = {r: [two.tensor(r, n)["bytes"] for n in names] for r in range(2)}
     calls = {r: s["calls"] for r, s in two.states().items()}
     two.goto(last.tick - 1, 0)  # back across it

@@ -2,7 +2,6 @@
 wrong fixes are rejected with evidence, fixes that fetch the reference are refused, validated fixes are
 recorded and suggested for new findings, and the generated inputs the engine validates on."""
 
-import importlib.util
 import json
 import math
 
@@ -18,7 +17,7 @@ from provenance.knowledge import KnowledgeBase
 from provenance.reference import save_values
 from provenance.repair import FixText, RepairLimits, RepairLoop
 from provenance.validation import Validator, certify
-from tests.conftest import EXAMPLES, MODELS, open_session, program
+from tests.conftest import EXAMPLES, MODELS, fresh_module, open_session, program
 from tests.forensics_cases import FORENSICS, PLANTED, ids
 
 FIXES = MODELS / "fixes"
@@ -123,9 +122,7 @@ def test_calls_into_the_reference_or_the_programs_own_code_are_refused_by_the_au
     path = FORENSICS / "softmax_overflow.py"
     session = open_session(path, budget_mb=64)
     reference = session.forensics.reference
-    spec = importlib.util.spec_from_file_location("planted_softmax", path)
-    model_file = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(model_file)
+    model_file = fresh_module(path)
     model, _ = model_file.build()
     x = session.program.initial["x"]  # read here: the cheat below calls only the program's own code
     div = session.program.find_nodes("div")[0]

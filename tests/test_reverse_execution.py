@@ -1,8 +1,6 @@
 """Reverse execution through the Session API: stepping back is exact, breakpoints agree both ways."""
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,7 +9,7 @@ from hypothesis import strategies as st
 
 from hardware.errors import RewindError
 from hardware.session import Direction, FunctionSpec, LineSpec
-from tests.conftest import EXAMPLES, MODELS, open_session, program
+from tests.conftest import EXAMPLES, MODELS, fresh_module, open_session, program
 
 DEEP = MODELS / "deep_gpt.py"
 GPT_SOURCE = (EXAMPLES / "gpt.py").read_text().splitlines()
@@ -44,9 +42,7 @@ def recorded(path):
 def eager_model(path):
     """A fresh instance of the model file's module (its own `build()`), holding the weights and buffers of the
     Program the engine runs (loaded by name from `Program.initial`), and the Program's inputs."""
-    spec = importlib.util.spec_from_file_location(f"eager_{Path(path).stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = fresh_module(path)
     model, _ = module.build()
     prog = program(str(path))
     state = {v.target: prog.initial[n] for n, v in prog.values.items() if v.kind in ("parameter", "buffer", "constant")}

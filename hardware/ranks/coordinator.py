@@ -610,17 +610,12 @@ def _checked_seconds(value: Any, what: str) -> float:
     return float(value)
 
 
-def rendezvous_address(given: str) -> tuple[str, int]:
-    """The host and port of a rendezvous written host:port (port 0: any free one), else a RewindError in words."""
-    return address_of(given, "rendezvous", "127.0.0.1:29500")
-
-
 def _serve_store(rendezvous: str | None, world_size: int) -> tuple[Any, str]:
     """The TCPStore the ranks meet at: `rendezvous` (host:port), else $MASTER_ADDR:$MASTER_PORT, else a free port on
     loopback. Returns the store and its host:port."""
     given = rendezvous or (f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ['MASTER_PORT']}"
                            if os.environ.get("MASTER_PORT") else "127.0.0.1:0")
-    host, port = rendezvous_address(given)
+    host, port = address_of(given, "rendezvous", "127.0.0.1:29500")
     try:
         store = dist.TCPStore(host, port, world_size + 1, is_master=True, wait_for_workers=False,
                               timeout=timedelta(seconds=60))

@@ -76,11 +76,15 @@ class RankNumerics:
         self.session.set_exception_filters(m["filters"])
         return sorted(self.session.exception_filters)
 
+    def at_fence(self, stop: Stop) -> bool:
+        """The stop is at a fence (only the function breakpoints before the collectives made it)."""
+        return bool(stop.breakpoint_ids) and set(stop.breakpoint_ids) <= self._fences
+
     def unhidden(self, stop: Stop) -> Stop:
         """A forward stop at a fence (the function breakpoint before a collective) hides a NaN/Inf the step before
         it made (the Session reports a position's breakpoint before its exception): the exception stop it hid."""
         s, q = self.session, int(stop.tick)
-        if q == 0 or not stop.breakpoint_ids or not set(stop.breakpoint_ids) <= self._fences:
+        if q == 0 or not self.at_fence(stop):
             return stop
         details = s.nonfinite_at(Tick(q - 1), s.exception_filters & set(NONFINITE))
         if details is None:

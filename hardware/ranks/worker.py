@@ -108,7 +108,7 @@ class RankEngine(RankNumerics, RankForensics):  # the requests about NaN/Inf acr
                "at_fence": passed < len(ticks) and ticks[passed] == tl.position,
                "at_back_fence": passed > 0 and ticks[passed - 1] + 1 == tl.position}
         if stop is not None:
-            fenced = fenced or (bool(stop.breakpoint_ids) and set(stop.breakpoint_ids) <= self._fences)
+            fenced = fenced or self.at_fence(stop)
             out["stop"] = {"reason": "collective" if fenced else stop.reason, "description": stop.description,
                            "breakpoints": [i for i in stop.breakpoint_ids if i not in self._fences],
                            "exception": self.exception_facts(stop)}  # a NaN/Inf stop, for the coordinator to trace

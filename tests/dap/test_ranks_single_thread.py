@@ -4,13 +4,11 @@ the module, with examples/tensor_parallel.py on 2 real ranks in one gloo group."
 
 from __future__ import annotations
 
-import re
 
 import pytest
 
-from dap_server.client import DapError
 from tests.conftest import EXAMPLES, line_of
-from tests.dap.wire import Debugger
+from tests.dap.wire import Debugger, rank_ticks, refused
 
 pytestmark = pytest.mark.timeout(240)  # a deadlock fails the test instead of hanging the suite
 TENSOR_PARALLEL = EXAMPLES / "tensor_parallel.py"
@@ -32,18 +30,6 @@ def entry(ranked: Debugger) -> Debugger:
     return ranked
 
 
-def _ticks(stop: dict) -> list[int]:
-    """Each rank's tick, from a stop's words (`(rank 0 at tick 3, rank 1 at tick 5)`)."""
-    return [int(t) for t in re.findall(r"rank \d+ at tick (\d+)", stop["description"])]
-
-
-def _refused(debugger: Debugger, command: str, arguments: dict, words: str) -> None:
-    with pytest.raises(DapError) as caught:
-        debugger.request(command, arguments)
-    assert words in caught.value.message
-    assert "Error" not in caught.value.message  # words, not a Python exception's name
-
-
 def test_the_server_says_it_steps_one_thread_alone(ranked):
     capabilities = next(m["body"] for m in ranked.messages
                         if m.get("type") == "response" and m.get("command") == "initialize")
@@ -54,12 +40,12 @@ def test_a_step_of_one_rank_moves_it_alone(entry):
     stop = entry.motion("next", {"threadId": 2, **ALONE})
     assert (stop["reason"], stop["threadId"]) == ("step", 2)
     assert stop["description"].startswith("rank 1: ")
-    moved = _ticks(stop)
+    moved = rank_ticks(stop)
     assert moved[0] == 0 < moved[1]  # rank 0 stays on entry
-    deeper = _ticks(entry.motion("stepIn", {"threadId": 2, **ALONE}))
+    deeper = rank_ticks(entry.motion("stepIn", {"threadId": 2, **ALONE}))
     assert deeper[0] == 0 and deeper[1] > moved[1]
     stop = entry.motion("stepIn", {"threadId": 1, **ALONE})  # now rank 0 alone; rank 1 stays
-    assert stop["threadId"] == 1 and _ticks(stop)[0] > 0 and _ticks(stop)[1] == deeper[1]
+    assert stop["threadId"] == 1 and rank_ticks(stop)[0] > 0 and rank_ticks(stop)[1] == deeper[1]
 
 
 def test_a_rank_alone_goes_no_further_than_its_next_collective_and_says_why_it_stays(entry):
@@ -67,32 +53,32 @@ def test_a_rank_alone_goes_no_further_than_its_next_collective_and_says_why_it_s
     assert entry.request("continue", {"threadId": 2, **ALONE}) == {"allThreadsContinued": False}
     stop = entry.client.wait_for("stopped", after=mark)
     assert stop["description"].startswith(f"rank 1: waits before {REDUCE}")
-    waiting = _ticks(stop)
+    waiting = rank_ticks(stop)
     assert waiting[0] == 0  # rank 0 has not moved: rank 1 did not run the all_reduce without it
     for command in ("next", "stepOut", "continue"):
         stop = entry.motion(command, {"threadId": 2, **ALONE})
-        assert stop["reason"] == "step" and _ticks(stop) == waiting
+        assert stop["reason"] == "step" and rank_ticks(stop) == waiting
         assert f"rank 1: waits before {REDUCE}, which runs only with every rank: alone it stays here" in \
             stop["description"]
     entry.motion("continue", {"threadId": 1, **ALONE})  # rank 0 to its all_reduce too
     stop = entry.motion("next", {"threadId": 1})  # every rank waits at it: a step of every rank runs it together
-    assert all(t > w for t, w in zip(_ticks(stop), waiting))
+    assert all(t > w for t, w in zip(rank_ticks(stop), waiting))
 
 
 def test_a_rank_stepped_back_alone_stops_right_after_its_last_collective(entry):
     entry.motion("continue", {"threadId": 1, **ALONE})
     entry.motion("continue", {"threadId": 2, **ALONE})
-    crossed = _ticks(entry.motion("next", {"threadId": 1}))  # both ran all_reduce #1, together
-    ahead = _ticks(entry.motion("next", {"threadId": 2, **ALONE}))
+    crossed = rank_ticks(entry.motion("next", {"threadId": 1}))  # both ran all_reduce #1, together
+    ahead = rank_ticks(entry.motion("next", {"threadId": 2, **ALONE}))
     assert ahead[0] == crossed[0] and ahead[1] > crossed[1]
     stop = entry.motion("reverseContinue", {"threadId": 2, **ALONE})  # back, but not across the all_reduce
     assert stop["description"].startswith(f"rank 1: waits after {REDUCE}")
-    after = _ticks(stop)  # the instant right after the all_reduce ran (its result not yet waited for)
+    after = rank_ticks(stop)  # the instant right after the all_reduce ran (its result not yet waited for)
     assert after[0] == crossed[0] and 0 < after[1] <= crossed[1]
     stop = entry.motion("stepBack", {"threadId": 2, **ALONE})
     assert f"rank 1: waits after {REDUCE}; going back across a collective takes every rank: alone it stays" in \
         stop["description"]
-    assert _ticks(stop) == after
+    assert rank_ticks(stop) == after
     assert entry.motion("reverseContinue", {"threadId": 1})["reason"] == "entry"  # every rank back across it
 
 
@@ -104,7 +90,7 @@ def test_reads_over_a_whole_run_answer_per_rank_once_every_rank_has_run_it(entry
     digests = [[w["digest"] for w in h["writes"]] for h in histories]
     assert len(digests[0]) == len(digests[1]) == 2 and digests[0] != digests[1]  # each rank's slice of each block
     events = entry.request("timelineEvents", {"threadId": 2})
-    assert events["rank"] == 1 and events["end"] == _ticks(stop)[1]
+    assert events["rank"] == 1 and events["end"] == rank_ticks(stop)[1]
     assert not [e for e in events["events"] if e["event"] == "stop"]  # the stops before its collectives are no one's
 
 
@@ -113,4 +99,4 @@ def test_reads_over_a_whole_run_answer_per_rank_once_every_rank_has_run_it(entry
     ({"threadId": 2, "singleThread": "yes"}, "singleThread"),
     ({"threadId": 2, "targetId": 10_000, **ALONE}, "target 10000 is not a node still to run on rank 1's line")])
 def test_a_step_of_one_rank_that_names_no_rank_or_is_malformed_is_refused(ranked, arguments, words):
-    _refused(ranked, "stepIn", arguments, words)
+    refused(ranked, "stepIn", arguments, words)

@@ -15,7 +15,7 @@ import pytest
 from dap_server.client import DapError
 from dap_server.frames import FRAMES_PER_THREAD
 from tests.conftest import MODELS, line_of
-from tests.dap.wire import Debugger, rewind
+from tests.dap.wire import Debugger, rank_ticks, refused, rewind
 
 pytestmark = pytest.mark.timeout(240)  # a deadlock fails the test instead of hanging the suite
 MODEL = MODELS / "ranks" / "skipped_collective.py"
@@ -61,18 +61,6 @@ def _frame(debugger: Debugger, thread: int) -> dict:
 def _values(debugger: Debugger, expression: str) -> list[str]:
     """`expression` evaluated on each rank's top frame."""
     return [debugger.evaluate(expression, frame_id=_frame(debugger, t)["id"])["result"] for t in (1, 2)]
-
-
-def _ticks(stop: dict) -> list[int]:
-    """Each rank's tick, from a stop's words (`(rank 0 at tick 3, rank 1 at tick 5)`)."""
-    return [int(t) for t in re.findall(r"rank \d+ at tick (\d+)", stop["description"])]
-
-
-def _refused(debugger: Debugger, command: str, arguments: dict, words: str) -> None:
-    with pytest.raises(DapError) as caught:
-        debugger.request(command, arguments)
-    assert words in caught.value.message
-    assert "Error" not in caught.value.message  # words, not a Python exception's name
 
 
 def test_every_rank_is_a_thread_with_a_stack_of_its_own(entry):
@@ -142,16 +130,16 @@ def test_goto_puts_the_threads_rank_at_the_target_and_the_other_at_a_consistent_
     stop = entry.motion("goto", {"threadId": 1, "targetId": targets[0]["id"]})
     assert (stop["reason"], stop["threadId"]) == ("goto", 1)
     assert [_frame(entry, t)["line"] for t in (1, 2)] == [SKIPPED, REDUCE]  # rank 1 right after the all_reduce
-    _refused(entry, "goto", {"threadId": 2, "targetId": 10_000}, "is not a tick of rank 1's program")
+    refused(entry, "goto", {"threadId": 2, "targetId": 10_000}, "is not a tick of rank 1's program")
 
 
 def test_what_ranks_cannot_do_yet_is_refused_in_words_and_the_session_goes_on(entry):
-    _refused(entry, "compareWithReference", {}, "'compareWithReference' is not supported with ranks yet")
-    _refused(entry, "addPatch", {"name": "p", "node": "sin", "precision": "float64"},
+    refused(entry, "compareWithReference", {}, "'compareWithReference' is not supported with ranks yet")
+    refused(entry, "addPatch", {"name": "p", "node": "sin", "precision": "float64"},
              "'addPatch' is not supported with ranks: a patched pass runs its nodes again on one rank")
-    _refused(entry, "stepIn", {"threadId": 1, "targetId": 10_000}, "target 10000 is not a node still to run on "
+    refused(entry, "stepIn", {"threadId": 1, "targetId": 10_000}, "target 10000 is not a node still to run on "
                                                                   "rank 0's line")
-    _refused(entry, "restart", {"arguments": {"program": str(MODEL), "ranks": 2, "faults": [{}]}},
+    refused(entry, "restart", {"arguments": {"program": str(MODEL), "ranks": 2, "faults": [{}]}},
              "sim chip faults with ranks is not supported yet")
     assert _frame(entry, 2)["line"] == REDUCE  # the ranks are still there
 
@@ -159,19 +147,19 @@ def test_what_ranks_cannot_do_yet_is_refused_in_words_and_the_session_goes_on(en
 @pytest.mark.parametrize("arguments, words", [
     ({"threadId": 3}, "no thread 3"), ({"threadId": 0}, "no thread 0")])
 def test_a_thread_that_is_no_rank_is_refused(ranks, arguments, words):
-    _refused(ranks, "stackTrace", arguments, words)
+    refused(ranks, "stackTrace", arguments, words)
 
 
 def test_a_frame_or_reference_of_no_rank_is_refused(ranks):
-    _refused(ranks, "scopes", {"frameId": 2 * FRAMES_PER_THREAD + 1}, f"no frame {2 * FRAMES_PER_THREAD + 1}")
-    _refused(ranks, "scopes", {"frameId": 0}, "no frame 0")
-    _refused(ranks, "variables", {"variablesReference": 99_999}, "variablesReference 99999 is unknown")
+    refused(ranks, "scopes", {"frameId": 2 * FRAMES_PER_THREAD + 1}, f"no frame {2 * FRAMES_PER_THREAD + 1}")
+    refused(ranks, "scopes", {"frameId": 0}, "no frame 0")
+    refused(ranks, "variables", {"variablesReference": 99_999}, "variablesReference 99999 is unknown")
 
 
 @pytest.mark.parametrize("arguments", [{"ranks": 0}, {"ranks": 65}, {"ranks": "2"}, {"ranks": True},
                                        {"ranks": 2, "rankTimeout": 0}, {"ranks": 2, "rankTimeout": "60"}])
 def test_a_number_of_ranks_or_a_timeout_that_is_none_is_refused(ranks, arguments):
-    _refused(ranks, "launch", {"program": str(MODEL), **arguments}, f"field '{list(arguments)[-1]}'")
+    refused(ranks, "launch", {"program": str(MODEL), **arguments}, f"field '{list(arguments)[-1]}'")
 
 
 def test_the_console_gives_its_ranks_to_the_launch():
@@ -188,7 +176,7 @@ def test_the_console_gives_its_ranks_to_the_launch():
     ({"ranks": 2, "join": ["127.0.0.1:1"]}, "field 'join': input should be a valid string"),
     ({"join": "127.0.0.1:0"}, "'join' is where ranks started by torchrun join a running program: give 'ranks'")])
 def test_a_rendezvous_or_join_that_is_no_host_and_port_or_has_no_ranks_is_refused(ranks, arguments, words):
-    _refused(ranks, "launch", {"program": str(MODEL), **arguments}, words)
+    refused(ranks, "launch", {"program": str(MODEL), **arguments}, words)
 
 
 def test_the_consoles_rendezvous_is_where_the_coordinator_serves_the_ranks():
@@ -247,7 +235,7 @@ def test_provenance_and_histogram_answer_for_the_frames_rank(entry):
 
 def test_a_tick_is_its_ranks_named_by_thread_or_the_last_stop(entry):
     stop = entry.motion("next", {"threadId": 2})  # about rank 1: requests with no thread ask rank 1
-    tick = _ticks(stop)[1]
+    tick = rank_ticks(stop)[1]
     holds = {t: entry.request("findTick", {"expression": "sin.sum() > 0", "start": 0, "maxTicks": tick + 1,
                                            "threadId": t}) for t in (1, 2)}
     assert holds[1]["tick"] == tick and holds[2]["tick"] is None and "holds at no tick" in holds[2]["tickReason"]
@@ -256,7 +244,7 @@ def test_a_tick_is_its_ranks_named_by_thread_or_the_last_stop(entry):
     assert (at["rank"], at["value"]) == (1, "sin")
     diff = entry.request("valueDiff", {"expression": "sin", "ticks": [tick, tick], "threadId": 2})
     assert (diff["rank"], diff["differing"]) == (1, 0)
-    _refused(entry, "units", {"threadId": 2}, "rank 1: driver torch:cpu runs nodes, not instruction streams")
+    refused(entry, "units", {"threadId": 2}, "rank 1: driver torch:cpu runs nodes, not instruction streams")
     assert entry.request("checkpoints", {"threadId": 1})["rank"] == 0
     for command, arguments in (("findTick", {"expression": "sin.sum() > 0", "threadId": 2}),
                                ("writeHistory", {"name": "h"}), ("timelineEvents", {"threadId": 2})):
@@ -264,18 +252,18 @@ def test_a_tick_is_its_ranks_named_by_thread_or_the_last_stop(entry):
             entry.request(command, arguments)
         assert re.search(f"^rank 1: '{command}' reads this rank's run past tick \\d+, where it has not run yet: "
                          ".* runs only with every rank. Run every rank on first", caught.value.message)
-    assert _ticks(entry.motion("next", {"threadId": 1}))[1] > tick  # where it was: the all_reduce runs with both
+    assert rank_ticks(entry.motion("next", {"threadId": 1}))[1] > tick  # where it was: the all_reduce runs with both
 
 
 def test_step_in_targets_are_the_frames_ranks_and_a_target_past_a_collective_takes_every_rank(entry):
     targets = entry.request("stepInTargets", {"frameId": _frame(entry, 2)["id"]})["targets"]
     assert [t["label"].split(": ")[1].split(" ")[0] for t in targets] == ["sin", "all_reduce", "wait_tensor"]
     stop = entry.motion("stepIn", {"threadId": 2, "targetId": targets[0]["id"], "singleThread": True})
-    assert (stop["reason"], stop["threadId"], _ticks(stop)) == ("step", 2, [0, targets[0]["id"] - 1])  # rank 0 stays
-    _refused(entry, "stepIn", {"threadId": 2, "targetId": targets[2]["id"], "singleThread": True},
+    assert (stop["reason"], stop["threadId"], rank_ticks(stop)) == ("step", 2, [0, targets[0]["id"] - 1])  # rank 0 stays
+    refused(entry, "stepIn", {"threadId": 2, "targetId": targets[2]["id"], "singleThread": True},
              f"rank 1 alone cannot reach target {targets[2]['id']}: it would cross all_reduce #1")
     stop = entry.motion("stepIn", {"threadId": 2, "targetId": targets[2]["id"]})
-    assert (stop["reason"], stop["threadId"], _ticks(stop)[1]) == ("step", 2, targets[2]["id"] - 1)
+    assert (stop["reason"], stop["threadId"], rank_ticks(stop)[1]) == ("step", 2, targets[2]["id"] - 1)
     assert _frame(entry, 1)["line"] == REDUCE  # rank 0 ran the all_reduce with it, and waits right after
 
 
@@ -315,17 +303,17 @@ def test_a_data_breakpoint_is_set_on_the_rank_its_data_id_names(entry):
 
 def test_instruction_breakpoints_and_disassembly_go_to_the_rank_their_reference_names(entry):
     torch = "driver torch:cpu runs nodes, not instruction streams"  # the ranks' chip has no instructions: it says so
-    _refused(entry, "setInstructionBreakpoints", {"breakpoints": [{"instructionReference": "rank1:0x10"}]},
+    refused(entry, "setInstructionBreakpoints", {"breakpoints": [{"instructionReference": "rank1:0x10"}]},
              f"rank 1: {torch}")
-    _refused(entry, "disassemble", {"memoryReference": "rank1:0x10", "instructionCount": 1}, f"rank 1: {torch}")
-    _refused(entry, "disassemble", {"memoryReference": "rank2:0x10", "instructionCount": 1}, "names rank 2")
+    refused(entry, "disassemble", {"memoryReference": "rank1:0x10", "instructionCount": 1}, f"rank 1: {torch}")
+    refused(entry, "disassemble", {"memoryReference": "rank2:0x10", "instructionCount": 1}, "names rank 2")
 
 
 def test_a_request_naming_no_rank_or_two_ranks_is_refused(entry):
-    _refused(entry, "writeHistory", {"name": "x", "threadId": 3}, "no thread 3")
-    _refused(entry, "valueAt", {"address": 0, "threadId": 0}, "no thread 0")
+    refused(entry, "writeHistory", {"name": "x", "threadId": 3}, "no thread 3")
+    refused(entry, "valueAt", {"address": 0, "threadId": 0}, "no thread 0")
     rank_1s = entry.request("scopes", {"frameId": _frame(entry, 2)["id"]})["scopes"][0]["variablesReference"]
-    _refused(entry, "dataBreakpointInfo", {"name": "x", "variablesReference": rank_1s, "frameId": 1},
+    refused(entry, "dataBreakpointInfo", {"name": "x", "variablesReference": rank_1s, "frameId": 1},
              "the request names ranks 0 and 1 (by its references, frame or thread): name one")
 
 
@@ -334,7 +322,7 @@ def test_a_request_naming_no_rank_or_two_ranks_is_refused(entry):
     ("rewind-value:sin", "memoryReference 'rewind-value:sin' names no rank"),
     ("rank1:bogus", "rank 1: memoryReference 'bogus' does not name a value of the program")])
 def test_a_memory_reference_of_no_rank_is_refused(ranks, reference, words):
-    _refused(ranks, "readMemory", {"memoryReference": reference, "count": 4}, words)
+    refused(ranks, "readMemory", {"memoryReference": reference, "count": 4}, words)
 
 
 # -- edits ---------------------------------------------------------------------------------------------------------
@@ -354,7 +342,7 @@ def test_an_edit_where_a_rank_has_no_recorded_future_is_made_and_one_in_its_past
     assert edits.motion("continue", {"threadId": 1})["description"] == MISMATCH
     assert [_frame(edits, t)["line"] for t in (1, 2)] == [SKIPPED, GATHER]
     edits.motion("restart", {})
-    tick = _ticks(edits.motion("next", {"threadId": 2}))[1]  # before the all_reduce, which they ran together
+    tick = rank_ticks(edits.motion("next", {"threadId": 2}))[1]  # before the all_reduce, which they ran together
     sent = _node_input(edits, 2)
     past = (f"rank 1: at tick {tick} of a recorded run that goes on to tick ", f", before all_reduce #1 (float32[4], "
             f"sum) at skipped_collective.py:{REDUCE}, which it ran with its peers: an edit here would change what it "

@@ -1,7 +1,6 @@
 """Traces through the wire: save a live session's trace, open it in a fresh server with no driver,
 and get the same answers; record while running; damaged traces are clear errors."""
 
-from pathlib import Path
 
 import pytest
 

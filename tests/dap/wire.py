@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import debugpy
+import pytest
 from jsonschema import Draft4Validator
 
 from dap_server.client import DapClient, DapError
@@ -22,6 +23,19 @@ SPEC = (Path(debugpy.__file__).parent / "_vendored" / "pydevd" / "_pydevd_bundle
 GPT = ROOT / "examples" / "gpt.py"
 MODELS = ROOT / "tests" / "models"
 GPT_LINES = GPT.read_text().splitlines()
+
+
+def refused(debugger: "Debugger", command: str, arguments: dict, words: str) -> None:
+    """The request is refused with `words` in its message, and in words: no Python exception's name."""
+    with pytest.raises(DapError) as caught:
+        debugger.request(command, arguments)
+    assert words in caught.value.message
+    assert "Error" not in caught.value.message  # words, not a Python exception's name
+
+
+def rank_ticks(stop: dict) -> list[int]:
+    """Each rank's tick, from a many-rank stop's words (`(rank 0 at tick 3, rank 1 at tick 5)`)."""
+    return [int(t) for t in re.findall(r"rank \d+ at tick (\d+)", stop["description"])]
 
 
 def line_of(text: str, lines: list[str] = GPT_LINES) -> int:
