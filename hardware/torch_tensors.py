@@ -65,10 +65,25 @@ def run(node: Node, args: tuple, kwargs: dict, device: torch.device) -> list[Any
     _set_grad_enabled(False)  # torch.no_grad()'s own switch, without a context manager's objects per node
     try:
         if is_collective(node.op):
+            if node.op.startswith(_RECEIVING):  # a recv writes into its template: a value the ring holds
+                args = _fresh_templates(node.op, args)
             return _collective(node, lambda: outputs(node, node.target(*args, **kwargs)))
         return outputs(node, node.target(*args, **kwargs))
     finally:
         _set_grad_enabled(grad)
+
+
+_RECEIVING = ("_c10d_functional.irecv.", "_c10d_functional.batch_p2p_ops.")
+
+
+def _fresh_templates(op: str, args: tuple) -> tuple:
+    """A recv's arguments with each template it receives into copied: irecv(template, src, tag, group) and
+    batch_p2p_ops(op_list, peer_list, tag_list, tensors, group) write the received tensor into the template and
+    return it, and the template is a value of the Program (an empty_like the ring keeps)."""
+    if op.startswith("_c10d_functional.irecv."):
+        return (args[0].clone(),) + tuple(args[1:])
+    kinds, tensors = args[0], args[3]
+    return tuple(args[:3]) + ([t.clone() if k == "irecv" else t for k, t in zip(kinds, tensors)],) + tuple(args[4:])
 
 
 def _collective(node: Node, call: Callable[[], list[Any]]) -> list[Any]:

@@ -133,15 +133,12 @@ def test_a_build_that_fails_on_one_rank_names_it_and_leaves_no_process(launcher)
     assert _workers() <= before
 
 
-def test_point_to_point_send_and_recv_are_refused_at_launch_naming_each_node_and_line(launcher):
+def test_a_send_to_a_rank_the_session_does_not_have_is_refused_at_launch_in_words(launcher):
     model = RANKS / "point_to_point.py"
-    send, recv = line_of(model, "# SEND"), line_of(model, "# RECV")
-    with pytest.raises(RewindError) as refused:  # not a mismatch of collectives: no hang to report
-        Coordinator(str(model), 2, launcher=launcher)
-    said = str(refused.value)
-    assert f"rank 0: point-to-point send/recv is not supported with ranks yet: isend at point_to_point.py:{send} " \
-        "(node isend)" in said
-    assert f"rank 1: point-to-point send/recv is not supported with ranks yet: irecv at point_to_point.py:{recv}" in said
+    send = line_of(model, "# SEND")
+    with pytest.raises(RewindError, match=rf"^isend #1 \(float32\[4\] to rank 1\) at point_to_point.py:{send} sends "
+                       r"to rank 1, and this session has ranks 0\.\.0$"):
+        Coordinator(str(model), 1, launcher=launcher)
 
 
 def test_a_rank_that_exits_says_so_and_leaves_no_process_not_even_its_own_launcher():

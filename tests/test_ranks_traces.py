@@ -121,8 +121,8 @@ def _craft(folder: Path, case: str, good: Path) -> Path:
     payload = None
     if case == "not msgpack":
         payload = b"\xc1 not msgpack"
-    elif case == "version 2":
-        version = 2
+    elif case == "version 3":
+        version = 3
     elif case == "no ranks":
         world = 0
     elif case == "too many ranks":
@@ -152,7 +152,7 @@ def _craft(folder: Path, case: str, good: Path) -> Path:
 
 @pytest.mark.parametrize("case, words", [
     ("not msgpack", "its body does not decode: it is not valid msgpack"),
-    ("version 2", "is rank index format version 2; this reader reads version 1"),
+    ("version 3", "is rank index format version 3; this reader reads versions 1 and 2"),
     ("no ranks", "says 0 ranks; a world size is from 1 to 64"),
     ("too many ranks", "says 1000000 ranks"),
     ("out of its folder", "rank 1's trace is named '../run.rwtrace': a file name in the index's own folder"),

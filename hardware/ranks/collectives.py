@@ -20,7 +20,9 @@ from hardware.program import Node, Program, Ref
 from hardware.torch_tensors import is_collective
 
 _SHAPE_FREE = ("all_to_all_single",)  # ops whose tensors' shapes may differ between ranks
-_POINT_TO_POINT = ("isend", "irecv")  # functional collectives' ops between two ranks (isend_inplace, irecv_inplace)
+# functional collectives' ops between two ranks (isend_inplace, irecv_inplace, batch_p2p_ops_inplace)
+POINT_TO_POINT = ("isend", "irecv", "batch_p2p_ops")
+_DIRECTION = {"isend": "send", "irecv": "recv"}
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,12 @@ class Collective:
     where: str  # model.py:88
     value: str = ""  # the value it writes (its result, once waited for)
     node: str = ""  # its node's name
+    # a send's or recv's transfers (a batch's, one per tensor): ("send" or "recv", peer rank, tag, "float32[8]")
+    p2p: tuple[tuple[str, int, int, str], ...] = ()
+
+    @property
+    def point_to_point(self) -> bool:
+        return self.op in POINT_TO_POINT
 
     def key(self) -> tuple:
         """What must be equal on every rank for the ranks to run this collective together."""
@@ -43,18 +51,23 @@ class Collective:
         return self.op, self.group, tensors, self.details
 
     def describe(self) -> str:
+        if self.point_to_point:
+            both = len({d for d, *_ in self.p2p}) > 1
+            shown = ", ".join(f"{d + ' ' if both else ''}{spec} {'to' if d == 'send' else 'from'} rank {peer}"
+                              + (f" tag {tag}" if tag else "") for d, peer, tag, spec in self.p2p)
+            return f"{self.op} #{self.number} ({shown}) at {self.where}"
         shown = ", ".join(self.tensors + tuple(d.split("=", 1)[1] for d in self.details if d.startswith("reduce_op=")))
         return f"{self.op} #{self.number} ({shown}) at {self.where}"
 
     def to_dict(self) -> dict:
         return {"number": self.number, "tick": self.tick, "op": self.op, "group": self.group,
                 "tensors": list(self.tensors), "details": list(self.details), "where": self.where, "value": self.value,
-                "node": self.node}
+                "node": self.node, "p2p": [list(t) for t in self.p2p]}
 
     @staticmethod
     def from_dict(d: dict) -> "Collective":
         return Collective(d["number"], d["tick"], d["op"], d["group"], tuple(d["tensors"]), tuple(d["details"]),
-                          d["where"], d["value"], d["node"])
+                          d["where"], d["value"], d["node"], tuple(tuple(t) for t in d.get("p2p", ())))
 
 
 def collectives_of(program: Program, node_tick: list[int]) -> list[Collective]:
@@ -66,33 +79,125 @@ def collectives_of(program: Program, node_tick: list[int]) -> list[Collective]:
     return found
 
 
-def refuse_point_to_point(collectives: list[Collective]) -> None:
-    """A point-to-point send or recv is refused in words before the rank runs: a consistent cut here counts
-    collectives that every rank crosses together, and a send involves two ranks (docs/ranks.md, "Point-to-point
-    send and recv"); matched as collectives, a send and its recv would be reported as a mismatch, no real hang."""
-    found = [c for c in collectives if c.op in _POINT_TO_POINT]
-    if found:
-        named = ", ".join(f"{c.op} at {c.where} (node {c.node})" for c in found)
-        raise RewindError(f"point-to-point send/recv is not supported with ranks yet: {named} (docs/ranks.md, "
-                          "\"Point-to-point send and recv\")")
+def check_point_to_point(collectives: list[Collective], rank: int, world_size: int) -> None:
+    """A send or recv whose peer is no rank of the session, or this rank itself, is refused in words before the
+    rank runs (it could never complete)."""
+    for c in collectives:
+        for direction, peer, _, _ in c.p2p:
+            if not 0 <= peer < world_size or peer == rank:
+                whom = "itself" if peer == rank else f"rank {peer}, and this session has ranks 0..{world_size - 1}"
+                raise RewindError(f"{c.describe()} {direction}s {'to' if direction == 'send' else 'from'} {whom}")
 
 
 def _collective(program: Program, node: Node, number: int, tick: int) -> Collective:
     names = [a.name for a in node.target._schema.arguments]
     bound = dict(zip(names, node.args))
     bound.update(node.kwargs)
+    op = node.op.split(".")[1]
     tensors, details, group = [], [], ""
     for name, value in bound.items():
-        if isinstance(value, Ref):
-            info = program.values[value.name]
-            tensors.append(f"{info.dtype}[{','.join(str(s) for s in info.shape)}]")
+        if isinstance(value, Ref) or (isinstance(value, (list, tuple)) and value
+                                      and all(isinstance(v, Ref) for v in value)):
+            tensors.extend(_spec(program, v) for v in (value if isinstance(value, (list, tuple)) else [value]))
         elif name == "group_name":
             group = str(value)
-        else:
+        elif op not in POINT_TO_POINT:  # a send's or recv's peers and tags are its transfers
             details.append(f"{name}={value}")
     where = f"{os.path.basename(node.loc.file)}:{node.loc.line}" if node.loc else node.name
-    return Collective(number, tick, node.op.split(".")[1], group, tuple(tensors), tuple(details), where,
-                      node.outputs[0], node.name)
+    return Collective(number, tick, op, group, tuple(tensors), tuple(details), where, node.outputs[0], node.name,
+                      _transfers(op, bound, tensors))
+
+
+def _spec(program: Program, ref: Ref) -> str:
+    info = program.values[ref.name]
+    return f"{info.dtype}[{','.join(str(s) for s in info.shape)}]"
+
+
+def _transfers(op: str, bound: dict, tensors: list[str]) -> tuple[tuple[str, int, int, str], ...]:
+    """A send's or recv's transfers: isend(tensor, dst, tag), irecv(tensor, src, tag), batch_p2p_ops(op_list,
+    peer_list, tag_list, tensors)."""
+    if op == "isend":
+        return (("send", int(bound["dst"]), int(bound["tag"]), tensors[0]),)
+    if op == "irecv":
+        return (("recv", int(bound["src"]), int(bound["tag"]), tensors[0]),)
+    if op == "batch_p2p_ops":
+        return tuple((_DIRECTION[o], int(p), int(t), spec)
+                     for o, p, t, spec in zip(bound["op_list"], bound["peer_list"], bound["tag_list"], tensors))
+    return ()
+
+
+@dataclass
+class Pairing:
+    """Which collectives of the ranks run together (docs/ranks.md, "Point-to-point send and recv"), by (rank, index
+    of the collective among the rank's, from 0). A collective of the process group runs with the collective counted
+    the same on every other rank (the k-th with the k-th, sends and recvs not counted); a send with the recv that
+    takes it, the j-th send from rank a to rank b with tag t with the j-th recv at b from a with tag t (a batch:
+    each of its transfers). `partners`: each collective's, as (peer, its index there, or None: the peer has none
+    to match it), `conflicts`: the partners whose transfer disagrees (another dtype or element count), with why."""
+
+    partners: dict[tuple[int, int], list[tuple[int, int | None]]]
+    conflicts: dict[tuple[int, int], list[tuple[int, int, str]]]
+
+    @staticmethod
+    def of(collectives: dict[int, list[Collective]]) -> "Pairing":
+        ranks = sorted(collectives)
+        partners: dict[tuple[int, int], list[tuple[int, int | None]]] = {}
+        conflicts: dict[tuple[int, int], list[tuple[int, int, str]]] = {}
+        grouped = {r: [i for i, c in enumerate(collectives[r]) if not c.point_to_point] for r in ranks}
+        for r in ranks:
+            for k, i in enumerate(grouped[r]):
+                partners[(r, i)] = [(q, grouped[q][k] if k < len(grouped[q]) else None) for q in ranks if q != r]
+        lanes: dict[tuple[str, int, int, int], list[tuple[int, str]]] = {}  # (direction, from, to, tag) -> transfers
+        for r in ranks:
+            for i, c in enumerate(collectives[r]):
+                if c.point_to_point:
+                    partners[(r, i)] = []
+                for direction, peer, tag, spec in c.p2p:
+                    ends = (r, peer) if direction == "send" else (peer, r)
+                    lanes.setdefault((direction, *ends, tag), []).append((i, spec))
+        for (direction, a, b, tag), transfers in lanes.items():
+            if direction != "send":
+                continue
+            received = lanes.get(("recv", a, b, tag), [])
+            for j, (i, spec) in enumerate(transfers):
+                partners[(a, i)].append((b, received[j][0] if j < len(received) else None))
+                if j < len(received) and not _same_bytes(spec, received[j][1]):
+                    why = f"rank {a} sends {spec} and rank {b} receives {received[j][1]}"
+                    conflicts.setdefault((a, i), []).append((b, received[j][0], why))
+                    conflicts.setdefault((b, received[j][0]), []).append((a, i, why))
+        for (direction, a, b, tag), transfers in lanes.items():
+            if direction == "recv":
+                sent = len(lanes.get(("send", a, b, tag), []))
+                for j, (i, _) in enumerate(transfers):
+                    partners[(b, i)].append((a, lanes[("send", a, b, tag)][j][0] if j < sent else None))
+        return Pairing(partners, conflicts)
+
+    def ready(self, waiting: dict[int, int]) -> dict[int, int]:
+        """Of the ranks `waiting` (rank -> the index of the collective it waits at), those that may run theirs now:
+        every partner of each waits at the collective that matches it (checked again as ranks drop out: a batch's
+        sends and recvs with several peers run only all together)."""
+        ready = dict(waiting)
+        while True:
+            dropped = [r for r, i in ready.items() if any(ready.get(q) != m for q, m in self.partners[(r, i)])]
+            if not dropped:
+                return ready
+            for r in dropped:
+                del ready[r]
+
+    def group(self, rank: int, index: int) -> dict[int, int]:
+        """The collective's own rank and its partners that have one matching it: rank -> index."""
+        return {rank: index, **{q: m for q, m in self.partners[(rank, index)] if m is not None}}
+
+
+def _same_bytes(sent: str, received: str) -> bool:
+    """A send and its recv agree on dtype and element count (the recv's template may have another shape)."""
+    def count(spec: str) -> tuple[str, int]:
+        dtype, _, dims = spec.partition("[")
+        n = 1
+        for d in dims.rstrip("]").split(","):
+            n *= int(d) if d.strip().lstrip("-").isdigit() else 1
+        return dtype, n
+    return count(sent) == count(received)
 
 
 def mismatch(next_of: dict[int, Collective | None], passed: dict[int, int]) -> tuple[str, int] | None:

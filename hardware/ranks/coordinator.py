@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from hardware.errors import RewindError, echo
 from hardware.ranks import forensics, traces
-from hardware.ranks.collectives import Collective, mismatch
+from hardware.ranks.collectives import Collective, Pairing, mismatch
 from hardware.ranks.launcher import MAX_RANKS, RANK_MODULE, RankLauncher, exit_code
 from hardware.ranks.join import address_of, joined_ranks, store_beside
 from hardware.ranks.numerics import ReplicaCheck, checked_filters, explained
@@ -99,6 +99,7 @@ class Coordinator:
         self.ranks: list[_Rank] = []
         self.last_stop: CutStop | None = None
         self.replicas: ReplicaCheck | None = None
+        self.pairing = Pairing({}, {})  # which collectives of the ranks run together (set once they are known)
         self._pause = threading.Event()
         self._send_lock = threading.Lock()
         self._folder = Path(tempfile.mkdtemp(prefix="rewind-ranks-"))
@@ -130,11 +131,21 @@ class Coordinator:
                     traces.check_agrees(self.index, rank.rank, rank.collectives)
                 rank.outputs = reply.pop("outputs")
                 rank.state = reply
+            self._pair()
             self.set_replicas(replicas)
         except BaseException:
             self.close()
             raise
         self.last_stop = CutStop("entry", "stopped on entry", None, self.ticks())
+
+    def _pair(self) -> None:
+        self.pairing = Pairing.of({rank.rank: rank.collectives for rank in self.ranks})
+
+    def partners(self, rank: int, number: int) -> dict[int, int]:
+        """The collectives that run with rank `rank`'s collective #`number` (from 1): each rank's that takes part
+        (`rank`'s own included) -> its number there (every rank's for a collective of the process group; the
+        peer's recv or send for a send or recv)."""
+        return {q: m + 1 for q, m in self.pairing.group(rank, number - 1).items()}
 
     def _launch_message(self, rank: int, program: str | None, entry: str, budget_mb: float) -> dict:
         """What rank `rank` loads: its trace, or the program (recording its trace beside the index)."""
@@ -399,10 +410,11 @@ class Coordinator:
             if not movers:
                 return self._stopped(CutStop("end", "end of program", None) if forward
                                      else CutStop("entry", "beginning of the program", None))
-            message = {"op": "motion", "motion": kind, "direction": direction.value, "allow": allow}
+            message = {"op": "motion", "motion": kind, "direction": direction.value}
             before = self.ticks()
             try:
-                replies = self._ask({r: message for r in movers}, self.timeout_s, f"running {kind}", moves=True)
+                replies = self._ask({r: {**message, "allow": allow.get(r)} for r in movers}, self.timeout_s,
+                                    f"running {kind}", moves=True)
                 drift = self.replicas.check(self, before) if forward and self.replicas is not None else None
             except RankTrouble as trouble:
                 return self._stopped(CutStop("exception", str(trouble), trouble.rank, finding=True))
@@ -432,66 +444,129 @@ class Coordinator:
             return f"waits after {collectives[passed - 1].describe()}"
         return stop["description"] or stop["reason"]
 
-    def _movers(self, forward: bool) -> tuple[list[int], int | None, tuple[str, int] | None]:
-        """The ranks that move now, the collective they cross together (or None), and why none may (a mismatch:
-        words and the rank it is about)."""
+    def _movers(self, forward: bool) -> tuple[list[int], dict[int, int], tuple[str, int] | None]:
+        """The ranks that move now (those not waiting at a collective, and those whose collectives every partner
+        waits at: they cross them together), the collective each of those crosses (rank -> its index), and why
+        none may move (a mismatch, or ranks that all wait for one another: words and the rank it is about)."""
         states = {rank.rank: rank.state for rank in self.ranks}
         if forward:
             done = [r for r, s in states.items() if s["tick"] >= s["end"]]
-            waiting = [r for r, s in states.items() if s["at_fence"]]
+            waiting = {r: s["passed"] for r, s in states.items() if s["at_fence"]}
         else:
             done = [r for r, s in states.items() if s["tick"] == 0]
-            waiting = [r for r, s in states.items() if s["at_back_fence"]]
+            waiting = {r: s["passed"] - 1 for r, s in states.items() if s["at_back_fence"]}
         free = [r for r in states if r not in done and r not in waiting]
-        if free or not waiting:
-            return free, None, None
-        if forward:  # every rank waits before a collective, or has reached its end: do they match?
-            passed = {r: s["passed"] for r, s in states.items()}
-            nxt = {r: (self.ranks[r].collectives[passed[r]] if r in waiting else None) for r in states}
-            found = mismatch(nxt, passed)
+        found = self._disagree(waiting) if forward else None
+        if found is not None:
+            return [], {}, found
+        ready = self.pairing.ready(waiting)
+        movers = sorted(free + list(ready))
+        if movers or not waiting:
+            return movers, ready, None
+        return [], {}, self._stuck(waiting, forward)
+
+    def _disagree(self, waiting: dict[int, int]) -> tuple[str, int] | None:
+        """A collective whose partners all wait at theirs, and which does not match them (op, group, dtypes, shapes,
+        reduce op; a send and its recv: dtype and element count): words naming each side, and the rank it is
+        about. Found before any of them runs it."""
+        for r, i in sorted(waiting.items()):
+            for q, m, why in self.pairing.conflicts.get((r, i), []):
+                if waiting.get(q) == m:
+                    a, b = sorted([(r, i), (q, m)])
+                    return (f"rank {a[0]} calls {self.ranks[a[0]].collectives[a[1]].describe()}; rank {b[0]} calls "
+                            f"{self.ranks[b[0]].collectives[b[1]].describe()}: {why}", r)
+            group = self.pairing.group(r, i)
+            if not self.ranks[r].collectives[i].point_to_point and len(group) == self.world_size and all(
+                    waiting.get(q) == m for q, m in group.items()):
+                return mismatch({q: self.ranks[q].collectives[m] for q, m in group.items()},
+                                {q: self.ranks[q].state["passed"] for q in group})
+        return None
+
+    def _stuck(self, waiting: dict[int, int], forward: bool) -> tuple[str, int]:
+        """Words for ranks that all wait at collectives none of which can run (each needs a rank that waits
+        elsewhere or has reached its end): what each calls and where its partners join it; the rank it is about."""
+        passed = {rank.rank: rank.state["passed"] for rank in self.ranks}
+        if forward and not any(self.ranks[r].collectives[i].point_to_point for r, i in waiting.items()):
+            nxt = {q: (self.ranks[q].collectives[waiting[q]] if q in waiting else None) for q in passed}
+            found = mismatch(nxt, passed)  # collectives of the process group only: each side, in its words
             if found is not None:
-                return [], None, found
-            return waiting, passed[waiting[0]], None
-        return waiting, states[waiting[0]]["passed"] - 1, None
+                return found
+        parts, about = [], None
+        for r, i in sorted(waiting.items()):
+            c = self.ranks[r].collectives[i]
+            unmet = []
+            for q, m in self.pairing.partners[(r, i)]:
+                if waiting.get(q) == m:
+                    continue
+                about = r if about is None else about
+                if m is None:
+                    unmet.append(f"and rank {q} has no {self._counterpart(c, q)} to match it")
+                else:
+                    other = self.ranks[q].collectives[m]
+                    unmet.append(f"which rank {q} joins only {'later, ' if forward else ''}at {other.describe()}")
+            verb = "calls" if forward else "waits after"
+            parts.append(", ".join([f"rank {r} {verb} {c.describe()}"] + unmet))
+        for q in sorted(set(passed) - set(waiting)):
+            if forward:
+                parts.append(f"rank {q} reaches the end of the program after {passed[q]} collective(s)")
+        how = "runs only with its partners" if forward else "is crossed back only with its partners"
+        return "; ".join(parts) + f": no rank can go on (a collective, a send or a recv {how})", \
+            about if about is not None else min(waiting)
+
+    @staticmethod
+    def _counterpart(c: Collective, peer: int) -> str:
+        """What a peer would call to match `c`: a recv for a send to it, a send for a recv from it."""
+        if not c.point_to_point:
+            return f"{c.op} #{c.number}"
+        return "recv" if any(d == "send" and p == peer for d, p, _, _ in c.p2p) else "send"
 
     def goto(self, tick: int, rank: int = 0) -> CutStop:
-        """Rank `rank` to `tick`; every other rank to a consistent cut with it (collectives between crossed with
-        every rank, in order, forward or back)."""
+        """Rank `rank` to `tick`; every other rank to a consistent cut with it (the collectives it must cross first
+        crossed with their partners, in order, forward or back)."""
         r = self._rank(rank)
         end = self.ranks[r].state["end"]
         if isinstance(tick, bool) or not isinstance(tick, int) or not 0 <= tick <= end:
             raise RewindError(f"tick {echo(str(tick))} is outside rank {r}'s program (0..{end})")
         target = sum(1 for c in self.ranks[r].collectives if c.tick < tick)
         try:
-            while self.ranks[0].state["passed"] < target:
+            while self.ranks[r].state["passed"] < target:
                 blocked = self._cross(Direction.FORWARD)
                 if blocked is not None:
                     return self._stopped(blocked)
-            while self.ranks[0].state["passed"] > target:
-                self._cross(Direction.REVERSE)
+            while self.ranks[r].state["passed"] > target:
+                blocked = self._cross(Direction.REVERSE)
+                if blocked is not None:
+                    return self._stopped(blocked)
             self._ask({r: {"op": "goto", "tick": tick}}, self.timeout_s, "going to a tick", moves=True)
         except RankTrouble as trouble:
             return self._stopped(CutStop("exception", str(trouble), trouble.rank, finding=True))
         return self._stopped(CutStop("goto", f"rank {r} at tick {tick}", r))
 
     def _cross(self, direction: Direction) -> CutStop | None:
-        """Every rank to its next collective (forward) or right after its last one (back), then across it
-        together; a mismatch stops short, before any rank runs it."""
+        """Every rank with a collective ahead (forward) or behind (back) to it: before its next one, or right after
+        its last one; then every collective whose partners all wait at theirs is crossed by them together. A
+        mismatch, or ranks all waiting for one another, stops short, before any rank runs one."""
         forward = direction is Direction.FORWARD
         where = {}
         for rank in self.ranks:
             n = rank.state["passed"]
-            if forward and n >= len(rank.collectives):
-                where[rank.rank] = rank.state["end"]
-            else:
-                where[rank.rank] = rank.collectives[n].tick if forward else rank.collectives[n - 1].tick + 1
-        self._ask({r: {"op": "goto", "tick": t} for r, t in where.items()}, self.timeout_s, "going to a collective",
-                  moves=True)
-        movers, allow, blocked = self._movers(forward)
-        if blocked is not None:
-            return CutStop("exception", blocked[0], blocked[1], finding=True)
-        self._ask({r: {"op": "motion", "motion": "node", "direction": direction.value, "allow": allow}
-                   for r in movers}, self.timeout_s, "running a collective", moves=True)
+            if forward and n < len(rank.collectives):
+                where[rank.rank] = rank.collectives[n].tick
+            elif not forward and n > 0:
+                where[rank.rank] = rank.collectives[n - 1].tick + 1
+        self._ask({r: {"op": "goto", "tick": t} for r, t in where.items() if t != self.ranks[r].state["tick"]},
+                  self.timeout_s, "going to a collective", moves=True)
+        states = {rank.rank: rank.state for rank in self.ranks}
+        waiting = {r: s["passed"] if forward else s["passed"] - 1 for r, s in states.items()
+                   if s["at_fence" if forward else "at_back_fence"] and r in where}
+        found = self._disagree(waiting) if forward else None
+        ready = self.pairing.ready(waiting) if found is None else {}
+        if found is None and not ready:
+            found = self._stuck(waiting, forward)
+        if found is not None:
+            return CutStop("exception", found[0], found[1], finding=True)
+        self._ask({q: {"op": "motion", "motion": "node", "direction": direction.value, "allow": i}
+                   for q, i in ready.items()}, self.timeout_s, "running a collective", moves=True)
         return None
 
     def _stopped(self, stop: CutStop) -> CutStop:
@@ -562,6 +637,7 @@ class Coordinator:
         r = self._rank(rank)
         reply = self._ask({r: {"op": "edit", "request": message}}, self.timeout_s, doing)[r]
         self.ranks[r].collectives = [Collective.from_dict(d) for d in reply.pop("collectives")]
+        self._pair()
         answer = reply.pop("answer")
         self.ranks[r].state = reply
         if self.replicas is not None:  # the new step moved the ticks the replicas are written at: read them anew

@@ -47,6 +47,7 @@ class Ranks(Protocol):
 
     def ask_all(self, message: dict, doing: str) -> dict[int, Any]: ...
     def collectives(self, rank: int) -> list["Collective"]: ...
+    def partners(self, rank: int, number: int) -> dict[int, int]: ...
     def states(self) -> dict[int, dict]: ...
 
 
@@ -157,7 +158,8 @@ def _rank_finding(ranks: Ranks, r: int, answers: dict[int, dict], start: int) ->
     carried, why = None, f"a node of rank {r}'s own introduced the error: no collective carried it in"
     if number is not None:
         c = ranks.collectives(r)[number - 1]
-        inputs = [{"rank": p, **answers[p]["inputs"][number - 1]} for p in sorted(answers)]
+        group = ranks.partners(r, number)  # the collective on each rank that takes part (a send's recv): its number
+        inputs = [{"rank": p, **answers[p]["inputs"][n - 1]} for p, n in sorted(group.items()) if p in answers]
         beyond = [i["rank"] for i in inputs if not i["within"]]
         carried = {"collective": c.op, "number": number, "node": c.node, "source": c.where, "from": beyond,
                    "inputs": inputs} if beyond else None

@@ -57,6 +57,7 @@ class Ranks(Protocol):
     def ask(self, rank: int, message: dict, doing: str) -> Any: ...
     def ask_all(self, message: dict, doing: str) -> dict[int, Any]: ...
     def collectives(self, rank: int) -> list["Collective"]: ...
+    def partners(self, rank: int, number: int) -> dict[int, int]: ...
     def ticks(self) -> dict[int, int]: ...
     def goto(self, tick: int, rank: int = 0) -> Any: ...
     def tensor(self, rank: int, name: str) -> dict: ...
@@ -240,7 +241,7 @@ def explained(coordinator: Ranks, rank: int, said: str, replies: dict[int, dict]
         return None
     try:
         story = _next_carrier(coordinator, rank, facts) if facts["collective"] is None else (
-            _carried(coordinator, facts, replies))
+            _carried(coordinator, rank, facts, replies))
     except RewindError:  # a peer that cannot say (gone, busy): the rank's own words stay, and it is said later
         return None
     if story is None:
@@ -251,17 +252,24 @@ def explained(coordinator: Ranks, rank: int, said: str, replies: dict[int, dict]
     return f"rank {rank}: {_KIND_WORDS[facts['filter']]} {words} ({said})", exception
 
 
-def _carried(coordinator: Ranks, facts: dict, replies: dict[int, dict]) -> tuple[str, dict]:
-    """The words and evidence of a NaN/Inf a collective carried into the ranks that stopped at it."""
+def _carried(coordinator: Ranks, rank: int, facts: dict, replies: dict[int, dict]) -> tuple[str, dict]:
+    """The words and evidence of a NaN/Inf a collective (or a recv) carried into the ranks that stopped at it."""
     kind, number = facts["filter"], facts["collective"]
-    to = sorted(r for r, reply in replies.items() if (reply["stop"].get("exception") or {}).get("collective") == number
-                and reply["stop"]["exception"]["filter"] == kind)
-    c = coordinator.collectives(to[0])[number - 1]
-    carried = {"collective": c.op, "number": number, "node": c.node, "source": c.where}
-    sources = _births(coordinator, number, kind, [r for r in range(coordinator.world_size) if r not in to], set())
+    group = coordinator.partners(rank, number)  # the collective on each rank that takes part: rank -> its number
+    to = sorted(r for r, n in group.items() if r in replies
+                and (replies[r]["stop"].get("exception") or {}).get("collective") == n
+                and replies[r]["stop"]["exception"]["filter"] == kind)
+    sources = _births(coordinator, {r: n for r, n in group.items() if r not in to}, kind, set())
+    c = coordinator.collectives(rank)[number - 1]
+    if c.point_to_point and sources:  # a recv: the send that carried it is named, on its rank
+        sender = min(sources)
+        c = coordinator.collectives(sender)[group[sender] - 1]
+    carried = {"collective": c.op, "number": c.number, "node": c.node, "source": c.where}
     if not sources:
         words = f"made by {c.op} at {c.where} itself on {ranks_text(to)}: no rank's input to it carried one"
         return words, {"born": [], "carriedBy": carried, "carriedTo": to}
+    if c.point_to_point:
+        carried["rank"] = sender
     by_place: dict[str, list[int]] = {}
     for r, b in sources.items():
         place = f"at {b['source']}" if "root" not in b else f"in its input '{b['root']}'"
@@ -272,19 +280,19 @@ def _carried(coordinator: Ranks, facts: dict, replies: dict[int, dict]) -> tuple
     return words, {"born": [{"rank": r, **b} for r, b in sources.items()], "carriedBy": carried, "carriedTo": to}
 
 
-def _births(coordinator: Ranks, number: int, kind: str, peers: list[int], seen: set[int]) -> dict[int, dict]:
-    """Where the `kind` each of `peers` sent into collective #number was born, by rank; a peer that had it from an
-    earlier collective itself is followed to the ranks that sent it into that one, and named as the rank that
-    relayed it (`seen`: collectives followed)."""
+def _births(coordinator: Ranks, peers: dict[int, int], kind: str, seen: set[tuple[int, int]]) -> dict[int, dict]:
+    """Where the `kind` each of `peers` (rank -> the number of its collective) sent into its collective was born, by
+    rank; a peer that had it from an earlier collective (or recv) itself is followed to the ranks that sent it into
+    that one, and named as the rank that relayed it (`seen`: the collectives followed, by rank and number)."""
     found = {}
-    for r in peers:
+    for r, number in sorted(peers.items()):
         b = coordinator.ask(r, {"op": "birth", "number": number, "kind": kind}, "finding where a NaN/Inf was born")
         if b is None:
             continue
         earlier = b.pop("collective", None)
-        if earlier is not None and earlier not in seen:
-            deeper = _births(coordinator, earlier, kind, [q for q in range(coordinator.world_size) if q != r],
-                             seen | {earlier})
+        if earlier is not None and (r, earlier) not in seen:
+            deeper = _births(coordinator, {q: m for q, m in coordinator.partners(r, earlier).items() if q != r}, kind,
+                             seen | {(r, earlier)})
             if deeper:
                 found.update({q: {**d, "relayedBy": d.get("relayedBy", r)} for q, d in deeper.items()})
                 continue
@@ -296,12 +304,12 @@ def _next_carrier(coordinator: Ranks, rank: int, facts: dict) -> tuple[str, dict
     if facts["next"] is None:
         return None
     c = coordinator.collectives(rank)[facts["next"] - 1]
-    peers = [r for r in range(coordinator.world_size) if r != rank]
+    peers = sorted(r for r in coordinator.partners(rank, c.number) if r != rank)
     words = f"born on rank {rank} at {short(facts['source'])}; {c.op} at {c.where} will carry it to {ranks_text(peers)}"
+    carried = {"collective": c.op, "number": c.number, "node": c.node, "source": c.where}
     found = {"born": [{"rank": rank, "tick": facts["tick"], "node": facts["node"], "op": facts["op"],
                        "source": short(facts["source"]), "value": facts["value"], "count": facts["count"]}],
-             "carriedBy": {"collective": c.op, "number": c.number, "node": c.node, "source": c.where},
-             "carriedTo": peers}
+             "carriedBy": {**carried, "rank": rank} if c.point_to_point else carried, "carriedTo": peers}
     return words, found
 
 

@@ -33,7 +33,7 @@ from hardware.ranks.collectives import Collective
 from hardware.ranks.launcher import MAX_RANKS
 
 MAGIC = b"RWNDRKS\0"
-VERSION = 1
+VERSION = 2  # 2: a collective's `p2p` (a send's or recv's transfers); version 1 is read too (it has none)
 BODY = struct.Struct("<II")  # the msgpack's length and crc32
 MAX_INDEX = 64 << 20  # bytes: an index holds names and collectives, never tensors
 MAX_COLLECTIVES = 1 << 20  # of one rank
@@ -166,8 +166,9 @@ def read_index(path: str) -> TraceIndex:
     if len(data) < HEADER.size or data[:len(MAGIC)] != MAGIC:
         raise RewindError(f"{index} is not an index of ranks' traces (no index header at offset 0)")
     _, version, world_size = HEADER.unpack_from(data)
-    if version != VERSION:
-        raise RewindError(f"{index} is rank index format version {version}; this reader reads version {VERSION}")
+    if version not in (1, VERSION):
+        raise RewindError(f"{index} is rank index format version {version}; this reader reads versions 1 and "
+                          f"{VERSION}")
     if not 1 <= world_size <= MAX_RANKS:
         raise RewindError(f"index {index} says {world_size} ranks; a world size is from 1 to {MAX_RANKS}")
     body = _body(index, data[HEADER.size:])
@@ -263,9 +264,18 @@ def _collective(d: Any, number: int, after: int, whose: str, bad) -> Collective:
             raise bad(f"{what}: its {key} are {shown(value)}")
     if d["number"] != number:
         raise bad(f"{what} is numbered {shown(d['number'])}")
+    if not _transfers(d.get("p2p", [])):
+        raise bad(f"{what}: its p2p transfers are {shown(d.get('p2p'))}")
     if not after < d["tick"] < _I64:
         raise bad(f"{what} is at tick {shown(d['tick'])}, not after the one before it")
     return Collective.from_dict(d)
+
+
+def _transfers(value: Any) -> bool:
+    """A send's or recv's transfers as an index holds them: [["send" or "recv", peer, tag, "float32[8]"], …]."""
+    return type(value) is list and len(value) <= _MAX_LIST and all(
+        type(t) is list and len(t) == 4 and t[0] in ("send", "recv") and type(t[1]) is int and 0 <= t[1] < MAX_RANKS
+        and type(t[2]) is int and -_I64 <= t[2] < _I64 and _text(t[3]) for t in value)
 
 
 def check_agrees(index: TraceIndex, rank: int, found: list[Collective]) -> None:

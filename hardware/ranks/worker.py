@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from hardware.errors import RewindError
 from hardware.events import Output
-from hardware.ranks.collectives import Collective, Ledger, collectives_of, refuse_point_to_point
+from hardware.ranks.collectives import Collective, Ledger, check_point_to_point, collectives_of
 from hardware.ranks.join import joined_rank_main
 from hardware.ranks.launcher import serve
 from hardware.ranks.forensics import RankForensics
@@ -90,7 +90,7 @@ class RankEngine(RankNumerics, RankForensics):  # the requests about NaN/Inf acr
                                stop_on_entry=True, trace=trace, record=options.get("record"),
                                overwrite=bool(options.get("overwrite"))))
         self.collectives = collectives_of(s.program, s.tl.node_tick)
-        refuse_point_to_point(self.collectives)
+        check_point_to_point(self.collectives, self.rank, self.world_size)
         s.fence_ops = sorted({s.tl.node_at(c.tick).op for c in self.collectives})
         s.set_function_breakpoints([])
         return {"collectives": [c.to_dict() for c in self.collectives], "outputs": list(s.program.outputs),

@@ -1,8 +1,18 @@
-"""Two pipeline stages: rank 0 sends its activations to rank 1, which receives them and goes on. Point-to-point
-send and recv are refused with ranks yet (docs/ranks.md), in words that name each one, instead of being reported
-as a mismatch of collectives."""
+"""Point-to-point sends and recvs between ranks (torch.distributed's functional isend_inplace, irecv_inplace and
+batch_p2p_ops_inplace), right and wrong.
+
+`build` (2 ranks): rank 0 sends its activations to rank 1, which receives them and goes on.
+`ring` (any ranks): each rank sends its shard to the next rank and receives the previous one's in one batch (a ring
+exchange: with blocking sends in a loop it would deadlock), then an all_reduce.
+`deadlock` (2 ranks): each rank sends to the other first and receives after: neither send has a recv waiting.
+`sizes` (2 ranks): rank 0 sends 8 elements, and rank 1 receives 4.
+`unmatched` (2 ranks): rank 0 sends twice and rank 1 receives once, then both call an all_reduce.
+`nan` (2 ranks): rank 0 makes a NaN (the square root of a negative number), sends it to rank 1, and rank 1's
+output carries it.
+"""
 
 import torch
+import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch import nn
 
@@ -17,9 +27,97 @@ class Stage(nn.Module):
             h = torch.sin(x)
             funcol.isend_inplace(h, 1)  # SEND
             return h
-        h = funcol.irecv_inplace(torch.empty_like(x), 0)  # RECV
+        h = funcol.irecv_inplace(torch.zeros_like(x), 0)  # RECV
         return h * 2
 
 
+class Ring(nn.Module):
+    def __init__(self, rank, world_size):
+        super().__init__()
+        self.rank, self.world_size = rank, world_size
+
+    def forward(self, x):
+        after, before = (self.rank + 1) % self.world_size, (self.rank - 1) % self.world_size
+        sent, got = funcol.batch_p2p_ops_inplace(["isend", "irecv"], [after, before], [0, 0],
+                                                 [x * 2, torch.zeros_like(x)], dist.group.WORLD)  # EXCHANGE
+        return funcol.all_reduce(got + 1, "sum", dist.group.WORLD)  # SUM
+
+
+class Deadlock(nn.Module):
+    def __init__(self, rank):
+        super().__init__()
+        self.peer = 1 - rank
+
+    def forward(self, x):
+        funcol.isend_inplace(x + 1, self.peer)  # BOTH SEND
+        got = funcol.irecv_inplace(torch.zeros_like(x), self.peer)  # BOTH RECV
+        return got * 3
+
+
+class Sizes(nn.Module):
+    def __init__(self, rank):
+        super().__init__()
+        self.rank = rank
+
+    def forward(self, x):
+        if self.rank == 0:
+            funcol.isend_inplace(torch.cat([x, x]), 1)  # SENDS 8
+            return x
+        return funcol.irecv_inplace(torch.zeros_like(x), 0)  # RECEIVES 4
+
+
+class Unmatched(nn.Module):
+    def __init__(self, rank):
+        super().__init__()
+        self.rank = rank
+
+    def forward(self, x):
+        if self.rank == 0:
+            funcol.isend_inplace(x, 1)  # FIRST SEND
+            funcol.isend_inplace(x + 1, 1)  # SECOND SEND
+            y = x
+        else:
+            y = funcol.irecv_inplace(torch.zeros_like(x), 0)  # ONLY RECV
+        return funcol.all_reduce(y, "sum", dist.group.WORLD)  # THEN SUM
+
+
+class Nan(nn.Module):
+    def __init__(self, rank):
+        super().__init__()
+        self.rank = rank
+
+    def forward(self, x):
+        if self.rank == 0:
+            h = torch.sqrt(x - 2.0)  # BORN
+            funcol.isend_inplace(h, 1)  # CARRIES
+            return h
+        got = funcol.irecv_inplace(torch.zeros_like(x), 0)  # ARRIVES
+        return got + 1
+
+
+def _x():
+    return torch.arange(4, dtype=torch.float32)
+
+
 def build(rank, world_size):
-    return Stage(rank), (torch.arange(4, dtype=torch.float32),)
+    return Stage(rank), (_x(),)
+
+
+def ring(rank, world_size):
+    return Ring(rank, world_size), (_x() + 10 * rank,)
+
+
+def deadlock(rank, world_size):
+    return Deadlock(rank), (_x(),)
+
+
+def sizes(rank, world_size):
+    return Sizes(rank), (_x(),)
+
+
+def unmatched(rank, world_size):
+    return Unmatched(rank), (_x(),)
+
+
+def nan(rank, world_size):
+    return Nan(rank), (_x(),)
