@@ -142,6 +142,13 @@ def _craft(folder: Path, case: str, good: Path) -> Path:
         rank1.write_bytes(bytes(damaged))
         if case == "damaged":  # the digest made to match: the trace's own reader refuses it
             body["ranks"][1]["sha256"] = hashlib.sha256(bytes(damaged)).hexdigest()
+    elif case == "version 1":  # as written before sends and recvs were paired: no transfers
+        version = 1
+        for rank in body["ranks"]:
+            for collective in rank["collectives"]:
+                del collective["p2p"]
+    elif case == "a bad transfer":
+        body["ranks"][1]["collectives"][0]["p2p"] = [["sideways", 1, 0, "float32[4]"]]
     elif case == "other collectives":
         body["ranks"][1]["collectives"][1]["op"] = "all_gather_into_tensor"
     payload = payload if payload is not None else msgpack.packb(body, use_bin_type=True)
@@ -161,6 +168,7 @@ def _craft(folder: Path, case: str, good: Path) -> Path:
     ("a link", "is a link"),
     ("changed", "rank 1's trace run.rank1.rwtrace does not match its SHA-256 in the index"),
     ("damaged", "run.rank1.rwtrace is not a Rewind trace (no trace header at offset 0)"),
+    ("a bad transfer", "rank 1's collective #1: its p2p transfers are [['sideways', 1, 0, 'float32[4]']]"),
     ("other collectives", "rank 1's trace run.rank1.rwtrace has all_reduce #2 (float32[4,8], sum) at "
                           "tensor_parallel.py:49 at tick 9 where the index says all_gather_into_tensor #2"),
 ])
@@ -213,6 +221,12 @@ def test_each_rank_checks_its_own_traces_digest_and_reading_the_index_does_not(t
     with pytest.raises(RewindError, match=re.escape(f"index {index}: rank 1's trace run.rank1.rwtrace does not match "
                                                     "its SHA-256 in the index (the file was changed or replaced)")):
         check_rank_trace(str(index), 1, str(rank1.path), rank1.size, rank1.sha256)
+
+
+def test_an_index_of_version_1_reads_as_one_without_sends_or_recvs(traced, folder):
+    old = read_index(str(_craft(folder, "version 1", folder / "run.rwtrace")))
+    assert [rank.collectives for rank in old.ranks] == [rank.collectives
+                                                        for rank in read_index(str(folder / "run.rwtrace")).ranks]
 
 
 def test_after_refusals_the_index_opens_again(traced, folder, live):

@@ -161,8 +161,10 @@ def _rank_finding(ranks: Ranks, r: int, answers: dict[int, dict], start: int) ->
         group = ranks.partners(r, number)  # the collective on each rank that takes part (a send's recv): its number
         inputs = [{"rank": p, **answers[p]["inputs"][n - 1]} for p, n in sorted(group.items()) if p in answers]
         beyond = [i["rank"] for i in inputs if not i["within"]]
-        carried = {"collective": c.op, "number": number, "node": c.node, "source": c.where, "from": beyond,
-                   "inputs": inputs} if beyond else None
+        if c.point_to_point and beyond:  # a recv: the send that carried the error in is named, on its rank
+            c = ranks.collectives(beyond[0])[group[beyond[0]] - 1]
+        carried = {"collective": c.op, "number": c.number, "node": c.node, "source": c.where, "from": beyond,
+                   "inputs": inputs, **({"rank": beyond[0]} if c.point_to_point else {})} if beyond else None
         why = (f"every rank's input to {c.describe()} is within tolerance: the collective's own arithmetic made the "
                "error")
     return {"rank": r, "divergence": {**found, "rank": r, "carriedBy": carried,

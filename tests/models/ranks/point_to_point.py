@@ -9,6 +9,8 @@ exchange: with blocking sends in a loop it would deadlock), then an all_reduce.
 `unmatched` (2 ranks): rank 0 sends twice and rank 1 receives once, then both call an all_reduce.
 `nan` (2 ranks): rank 0 makes a NaN (the square root of a negative number), sends it to rank 1, and rank 1's
 output carries it.
+`precision` (2 ranks): rank 0 sums its rows in float16 (whose spacing at 1000 is 0.5: the small parts are lost) and
+sends the sums to rank 1, whose own nodes are exact: its error comes in with the recv.
 """
 
 import torch
@@ -38,8 +40,8 @@ class Ring(nn.Module):
 
     def forward(self, x):
         after, before = (self.rank + 1) % self.world_size, (self.rank - 1) % self.world_size
-        sent, got = funcol.batch_p2p_ops_inplace(["isend", "irecv"], [after, before], [0, 0],
-                                                 [x * 2, torch.zeros_like(x)], dist.group.WORLD)  # EXCHANGE
+        sent, got = funcol.batch_p2p_ops_inplace(["isend", "irecv"], [after, before], [0, 0],  # EXCHANGE
+                                                 [x * 2, torch.zeros_like(x)], dist.group.WORLD)
         return funcol.all_reduce(got + 1, "sum", dist.group.WORLD)  # SUM
 
 
@@ -95,6 +97,20 @@ class Nan(nn.Module):
         return got + 1
 
 
+class HalfSums(nn.Module):
+    def __init__(self, rank):
+        super().__init__()
+        self.rank = rank
+
+    def forward(self, x):
+        if self.rank == 0:
+            sums = x.half().sum(-1).float()  # BUG: rank 0 sums in float16
+            funcol.isend_inplace(sums, 1)  # SENDS SUMS
+            return sums
+        got = funcol.irecv_inplace(torch.zeros(x.shape[0]), 0)  # GETS SUMS
+        return got * 0.5
+
+
 def _x():
     return torch.arange(4, dtype=torch.float32)
 
@@ -121,3 +137,10 @@ def unmatched(rank, world_size):
 
 def nan(rank, world_size):
     return Nan(rank), (_x(),)
+
+
+def precision(rank, world_size):
+    torch.manual_seed(9)
+    signs = torch.tensor([1.0, -1.0]).repeat(2048)  # terms around ±1000 that cancel: the total is their small parts
+    eighths = torch.randint(-16, 17, (4, 4096)) / 8.0  # float32 sums them exactly; float16 rounds each to 0.5
+    return HalfSums(rank), (signs * 1000.0 + eighths,)
