@@ -82,6 +82,10 @@ def test_a_rank_alone_stops_before_its_recv_and_every_rank_then_crosses_it(pipel
     assert pipeline.states()[1]["passed"] == 0  # rank 1 has not moved
     again = pipeline.step(kind="node", rank=2, single=True)
     assert "alone it stays here" in again.description and pipeline.states()[2]["passed"] == 0
+    waits = pipeline.step(kind="node", rank=2)  # every rank steps: rank 2 waits, its peers move
+    assert (waits.rank, waits.description) == (2, f"rank 2: waits before irecv #1 (float32[3,8] from rank 1) at "
+                                                  f"pipeline_parallel.py:{RECV}, until its partners reach it (the "
+                                                  "step moved rank 0, rank 1, rank 3)")
     while pipeline.states()[2]["passed"] == 0:
         pipeline.step(kind="node", rank=2)
         _consistent(pipeline)

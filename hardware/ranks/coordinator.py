@@ -412,6 +412,7 @@ class Coordinator:
                                      else CutStop("entry", "beginning of the program", None))
             message = {"op": "motion", "motion": kind, "direction": direction.value}
             before = self.ticks()
+            waiting_now = [q for q, st in self.states().items() if st["at_fence" if forward else "at_back_fence"]]
             try:
                 replies = self._ask({r: {**message, "allow": allow.get(r)} for r in movers}, self.timeout_s,
                                     f"running {kind}", moves=True)
@@ -423,8 +424,18 @@ class Coordinator:
             own = [r for r in movers if replies[r]["stop"]["reason"] not in _ENDED]
             if own or not repeat:  # a step's stop is about `about`, unless a rank stopped for more than a step
                 notable = [r for r in own if replies[r]["stop"]["reason"] != "step"]
+                if not notable and not repeat and about not in movers and about in waiting_now:
+                    return self._stopped(self._waits(about, forward, movers))
                 r = (notable or [m for m in movers if m == about] or own or movers)[0]
                 return self._stopped(self._rank_stop(r, replies))
+
+    def _waits(self, r: int, forward: bool, moved: list[int]) -> CutStop:
+        """The stop of a step of rank `r` that could not move: it waits at a collective (a send, a recv) whose
+        partners have not reached theirs; the ranks that moved instead."""
+        rank = self.ranks[r]
+        where = self._said(rank, {"reason": "collective"})
+        return CutStop("step", f"rank {r}: {where}, until its partners reach it (the step moved "
+                               f"{', '.join(f'rank {m}' for m in moved)})", r)
 
     def _rank_stop(self, r: int, replies: dict[int, dict]) -> CutStop:
         """The stop of a motion about rank `r`, from the answers of the ranks that moved."""
