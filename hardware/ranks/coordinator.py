@@ -393,11 +393,15 @@ class Coordinator:
 
     def _stays(self, rank: _Rank, forward: bool) -> str:
         passed, collectives = rank.state["passed"], rank.collectives
+        c = collectives[passed] if forward else collectives[passed - 1]
+        peers = sorted(q for q in self.partners(rank.rank, c.number) if q != rank.rank)
+        who = "every rank" if not c.point_to_point else ", ".join(f"rank {q}" for q in peers)
         if forward:
-            return (f"waits before {collectives[passed].describe()}, which runs only with every rank: alone it stays "
-                    "here (step every rank to run it)")
-        return (f"waits after {collectives[passed - 1].describe()}; going back across a collective takes every "
-                "rank: alone it stays here (step every rank back to cross it)")
+            return (f"waits before {c.describe()}, which runs only with {who}: alone it stays here (step every rank "
+                    "to run it)")
+        what = "a collective" if not c.point_to_point else "a send or recv"
+        return (f"waits after {c.describe()}; going back across {what} takes {who}: alone it stays here (step every "
+                "rank back to cross it)")
 
     def _move(self, direction: Direction, kind: str, repeat: bool, about: int = 0) -> CutStop:
         forward = direction is Direction.FORWARD

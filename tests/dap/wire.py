@@ -34,8 +34,10 @@ def refused(debugger: "Debugger", command: str, arguments: dict, words: str) -> 
 
 
 def rank_ticks(stop: dict) -> list[int]:
-    """Each rank's tick, from a many-rank stop's words (`(rank 0 at tick 3, rank 1 at tick 5)`)."""
-    return [int(t) for t in re.findall(r"rank \d+ at tick (\d+)", stop["description"])]
+    """Each rank's tick, from a many-rank stop's words: its last bracket (`(rank 0 at tick 3, rank 1 at tick 5)`;
+    a goto's own words name its rank's tick before it)."""
+    positions = stop["description"].rpartition("(")[2]
+    return [int(t) for t in re.findall(r"rank \d+ at tick (\d+)", positions)]
 
 
 def line_of(text: str, lines: list[str] = GPT_LINES) -> int:
