@@ -19,12 +19,21 @@ side by side in one run.
 - Mismatch: tests/models/ranks/skipped_collective.py on N ranks (rank 1 skips an all_reduce its peers call): from
   `run()` at entry to the exception stop. The same program under plain torch.distributed hangs (until gloo's
   timeout: 30 minutes by default).
+- Pipeline: examples/pipeline_parallel.py (micro-batches passed rank 0 -> 1 -> ... by isend/irecv, then one
+  all_reduce), its Stage's forward under plain torch.distributed (the functional isend/irecv run eagerly, each
+  output waited for) and under Rewind. Overhead per send/recv pair: a one-node step of every rank that crosses pairs
+  against one that crosses nothing (p50), per pair crossed. Step back across a send/recv: from right after a recv
+  (its sender right after the send), one node back on every rank: the pair goes back across it together.
+- Deadlock: tests/models/ranks/point_to_point.py's `deadlock` (2 ranks, both send first): from `run()` at entry to
+  the stop; and the same program under plain torch.distributed on gloo, whose isend returns before its recv is
+  posted (so it runs through there).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import platform
@@ -36,6 +45,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch.utils._pytree import tree_map
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
@@ -49,22 +60,31 @@ EXAMPLE = ROOT / "examples" / "tensor_parallel.py"
 DATA_PARALLEL = ROOT / "examples" / "data_parallel.py"
 PARAMETERS = ["up.weight", "up.bias", "down.weight", "down.bias"]  # data_parallel.MLP's: replicated on every rank
 SKIPPED = ROOT / "tests" / "models" / "ranks" / "skipped_collective.py"
+PIPELINE = ROOT / "examples" / "pipeline_parallel.py"
+POINT_TO_POINT = ROOT / "tests" / "models" / "ranks" / "point_to_point.py"
 
 
 # -- eager: plain torch.distributed ---------------------------------------------------------------------------
 def eager_ms(world_size: int, calls: int, call=None) -> float:
     """The slowest rank's median call, in ms, each rank a process forked from this one; `call(rank, world_size)`
     makes what a rank calls (default: the tensor-parallel model's forward)."""
-    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=120))
+    told, tell = os.pipe()  # the store's port, once every rank is forked
     reads = []
     for rank in range(world_size):
         read, write = os.pipe()
         if os.fork() == 0:
             os.close(read)
-            _eager_rank(rank, world_size, store.port, calls, write, call or _forward)
+            os.close(tell)
+            _eager_rank(rank, world_size, told, calls, write, call or _forward)
         os.close(write)
         reads.append(read)
+    # the store only now: a fork while its server thread resolves a rank's address (getnameinfo) copies the
+    # resolver's lock held, and that rank hangs in its own connect
+    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=120))
+    os.write(tell, f"{store.port:05d}".encode() * world_size)  # one write: each rank reads its 5 digits whole
+    os.close(tell)
+    os.close(told)
     medians = []
     for read in reads:
         with os.fdopen(read) as answer:
@@ -74,9 +94,12 @@ def eager_ms(world_size: int, calls: int, call=None) -> float:
     return max(medians)
 
 
-def _forward(rank: int, world_size: int):
-    model, inputs = load_module(EXAMPLE)
-    return lambda: model(*inputs)
+def _forward(rank: int, world_size: int, program: Path = EXAMPLE, entry: str = "build"):
+    """The model's forward, its outputs waited for: a functional collective's result is a tensor still in flight
+    until used (the pipeline's energy), and Rewind runs the wait of each."""
+    model, inputs = load_module(program, entry)
+    return lambda: tree_map(lambda t: t.wait() if isinstance(t, funcol.AsyncCollectiveTensor) else t,
+                            model(*inputs))
 
 
 def _training_step(rank: int, world_size: int):
@@ -91,9 +114,10 @@ def _training_step(rank: int, world_size: int):
     return step
 
 
-def _eager_rank(rank: int, world_size: int, port: int, calls: int, write: int, call) -> None:
+def _eager_rank(rank: int, world_size: int, told: int, calls: int, write: int, call) -> None:
     code = 1
     try:
+        port = int(os.read(told, 5))
         tcp = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timedelta(seconds=120))
         dist.init_process_group("gloo", store=tcp, rank=rank, world_size=world_size)
         once = call(rank, world_size)
@@ -105,6 +129,7 @@ def _eager_rank(rank: int, world_size: int, port: int, calls: int, write: int, c
                 once()
                 times.append((time.perf_counter() - t) * 1e3)
         os.write(write, json.dumps({"ms": statistics.median(times[1:])}).encode())
+        dist.barrier()  # no rank leaves while a peer still receives from it (gloo's isend does not wait for that)
         dist.destroy_process_group()
         code = 0
     finally:
@@ -118,13 +143,19 @@ def timed(fn) -> tuple[float, object]:
     return (time.perf_counter() - t) * 1e3, out
 
 
-def rewind_rows(world_size: int, launcher: RankLauncher, repeats: int, samples: int,
-                launches: list[float]) -> dict:
-    """Every Rewind figure for `world_size` ranks; the time of each launch is added to `launches`."""
+def launcher_of(world_size: int, launcher: RankLauncher, launches: list[float]):
+    """Launches a program on `world_size` ranks (a Coordinator), the time of each added to `launches`."""
     def launch(program: Path, **options) -> Coordinator:
         ms, c = timed(lambda: Coordinator(str(program), world_size, launcher=launcher, **options))
         launches.append(ms)
         return c
+    return launch
+
+
+def rewind_rows(world_size: int, launcher: RankLauncher, repeats: int, samples: int,
+                launches: list[float]) -> dict:
+    """Every Rewind figure for `world_size` ranks; the time of each launch is added to `launches`."""
+    launch = launcher_of(world_size, launcher, launches)
 
     def training(**options) -> float:
         with launch(DATA_PARALLEL, entry="train_step", **options) as c:
@@ -141,7 +172,8 @@ def rewind_rows(world_size: int, launcher: RankLauncher, repeats: int, samples: 
             nodes, collectives = c.states()[0]["end"], c.collectives(0)
             back = step_back_across(c, samples)
     with launch(EXAMPLE) as c:
-        plain, crossing = node_steps(c)
+        steps = node_steps(c)
+    plain, crossing = statistics.median(steps["plain"]), statistics.median(steps["collective"])
     mismatch = []
     for _ in range(repeats):
         with launch(SKIPPED) as c:
@@ -155,15 +187,50 @@ def rewind_rows(world_size: int, launcher: RankLauncher, repeats: int, samples: 
             "mismatch": statistics.median(mismatch)}
 
 
-def node_steps(c: Coordinator) -> tuple[float, float]:
-    """p50 of a one-node step of every rank from entry to the end (each node run for the first time): those that
-    cross no collective, and those that cross one."""
-    plain, crossing = [], []
-    while c.states()[0]["tick"] < c.states()[0]["end"]:
-        passed = c.states()[0]["passed"]
+def pipeline_rows(world_size: int, launcher: RankLauncher, repeats: int, samples: int,
+                  launches: list[float]) -> dict:
+    """The pipeline example's Rewind figures for `world_size` ranks, and on 2 ranks the planted deadlock's."""
+    launch = launcher_of(world_size, launcher, launches)
+    runs = []
+    for _ in range(repeats):
+        with launch(PIPELINE) as c:
+            ms, stop = timed(c.run)
+            assert stop.reason == "end", stop
+            runs.append(ms)
+            ends = sorted(s["end"] for s in c.states().values())
+            pairs = sum(len(x.p2p) for r in range(world_size) for x in c.collectives(r)) // 2  # each a send and a recv
+            back = step_back_across_recv(c, samples)
+    with launch(PIPELINE) as c:
+        steps = node_steps(c)
+    plain = statistics.median(steps["plain"])
+    per_pair = statistics.median((ms - plain) / crossed for ms, crossed in steps["pairs"])
+    deadlock = []
+    for _ in range(repeats if world_size == 2 else 0):  # the planted model is one of 2 ranks
+        with launch(POINT_TO_POINT, entry="deadlock") as c:
+            ms, stop = timed(c.run)
+            assert stop.reason == "exception" and "no rank can go on" in stop.description, stop
+            deadlock.append(ms)
+    return {"run": statistics.median(runs), "nodes": (ends[0], ends[-1]), "back": back, "plain": plain,
+            "pairs": pairs, "crossing": statistics.median(ms for ms, _ in steps["pairs"]), "per_pair": per_pair,
+            "deadlock": statistics.median(deadlock) if deadlock else None}
+
+
+def node_steps(c: Coordinator) -> dict[str, list]:
+    """One-node steps of every rank from entry until every rank is at its end (each node run for the first time),
+    timed: "plain" those that cross nothing, "collective" those that cross a collective of the process group,
+    "pairs" (ms, send/recv pairs crossed) those that cross sends and recvs only."""
+    found: dict[str, list] = {"plain": [], "collective": [], "pairs": []}
+    while any(s["tick"] < s["end"] for s in c.states().values()):
+        before = c.states()
         ms, _ = timed(lambda: c.step(Direction.FORWARD, "node"))
-        (crossing if c.states()[0]["passed"] > passed else plain).append(ms)
-    return statistics.median(plain), statistics.median(crossing)
+        crossed = [x for r, s in c.states().items() for x in c.collectives(r)[before[r]["passed"]:s["passed"]]]
+        if not crossed:
+            found["plain"].append(ms)
+        elif all(x.point_to_point for x in crossed):
+            found["pairs"].append((ms, sum(d == "send" for x in crossed for d, *_ in x.p2p)))
+        else:
+            found["collective"].append(ms)
+    return found
 
 
 def step_back_across(c: Coordinator, samples: int) -> tuple[float, float]:
@@ -176,17 +243,40 @@ def step_back_across(c: Coordinator, samples: int) -> tuple[float, float]:
         ms, _ = timed(lambda: c.step(Direction.REVERSE, "node"))
         assert all(s["passed"] == k for s in c.states().values())
         lat.append(ms)
-    lat.sort()
+    return p50_p95(lat)
+
+
+def step_back_across_recv(c: Coordinator, samples: int) -> tuple[float, float]:
+    """p50 and p95 of one node back on every rank from right after a recv, its sender right after the send (each
+    recv in turn): the receiving rank goes back across its recv, with its sender back across the send."""
+    recvs = [(b, x) for b in range(c.world_size) for x in c.collectives(b)
+             if any(d == "recv" for d, *_ in x.p2p)]
+    lat = []
+    for i in range(samples):
+        b, recv = recvs[i % len(recvs)]
+        (a, number), = ((q, m) for q, m in c.partners(b, recv.number).items() if q != b)
+        c.goto(c.collectives(a)[number - 1].tick + 1, a)  # the sender first: its goto may move the receiver
+        c.goto(recv.tick + 1, b)
+        ms, _ = timed(lambda: c.step(Direction.REVERSE, "node", rank=b))
+        assert c.states()[b]["passed"] == recv.number - 1 and c.states()[a]["passed"] == number - 1, c.states()
+        lat.append(ms)
+    return p50_p95(lat)
+
+
+def p50_p95(lat: list[float]) -> tuple[float, float]:
+    lat = sorted(lat)
     return lat[len(lat) // 2], lat[max(0, int(len(lat) * 0.95) - 1)]
 
 
 # -- the table --------------------------------------------------------------------------------------------------
-def table(sizes: list[int], eager: dict[int, float], rewind: dict[int, dict],
-          launches: dict[int, list[float]], training: dict[int, float]) -> str:
+def table(sizes: list[int], eager: dict[str, dict[int, float]], rewind: dict[int, dict], pipeline: dict[int, dict],
+          launches: dict[int, list[float]]) -> str:
+    """`eager`: plain torch.distributed's times, by program ("forward", "training", "pipeline", "deadlock")."""
     def row(name: str, cell) -> str:
         return f"| {name} | " + " | ".join(cell(n) for n in sizes) + " |"
 
-    r = rewind
+    r, p, training = rewind, pipeline, eager["training"]
+    two_ranks_only = "-: a model of 2 ranks"
     lines = [
         "| measure | " + " | ".join(f"{n} ranks" for n in sizes) + " |",
         "|---|" + "---|" * len(sizes),
@@ -196,10 +286,11 @@ def table(sizes: list[int], eager: dict[int, float], rewind: dict[int, dict],
             if n == sizes[0] else "-"),
         row("launch: ranks forked, each exporting its program (median of the others)",
             lambda n: f"{statistics.median(launches[n][n == sizes[0]:]) / 1e3:.2f} s"),
-        row("eager forward, plain torch.distributed (slowest rank, median)", lambda n: f"{eager[n]:.2f} ms"),
+        row("eager forward, plain torch.distributed (slowest rank, median)",
+            lambda n: f"{eager['forward'][n]:.2f} ms"),
         row("Rewind: run to the end (first execution, consistent cuts)",
-            lambda n: f"{r[n]['run']:.1f} ms ({r[n]['run'] / eager[n]:.1f}x eager)"),
-        row("overhead per node", lambda n: f"{(r[n]['run'] - eager[n]) / r[n]['nodes']:.2f} ms"),
+            lambda n: f"{r[n]['run']:.1f} ms ({r[n]['run'] / eager['forward'][n]:.1f}x eager)"),
+        row("overhead per node", lambda n: f"{(r[n]['run'] - eager['forward'][n]) / r[n]['nodes']:.2f} ms"),
         row("one-node step of every rank, p50", lambda n: f"{r[n]['plain']:.2f} ms"),
         row("one-node step across a collective, p50", lambda n: f"{r[n]['crossing']:.2f} ms"),
         row("overhead per collective (the difference)", lambda n: f"{r[n]['crossing'] - r[n]['plain']:.2f} ms"),
@@ -213,6 +304,23 @@ def table(sizes: list[int], eager: dict[int, float], rewind: dict[int, dict],
             lambda n: f"{r[n]['replicas']:.1f} ms ({r[n]['replicas'] / r[n]['train']:.2f}x without)"),
         row("planted skipped collective: entry to the stop (median)", lambda n: f"{r[n]['mismatch']:.1f} ms"),
         row("the same program, plain torch.distributed", lambda n: "hangs (until gloo's timeout)"),
+        row("pipeline model", lambda n: f"examples/pipeline_parallel.py: {p[n]['nodes'][0]}-{p[n]['nodes'][1]} "
+                                        f"nodes a rank, {p[n]['pairs']} send/recv pairs, 1 all_reduce"),
+        row("pipeline: eager forward, plain torch.distributed (slowest rank, median)",
+            lambda n: f"{eager['pipeline'][n]:.2f} ms"),
+        row("pipeline: Rewind run to the end",
+            lambda n: f"{p[n]['run']:.1f} ms ({p[n]['run'] / eager['pipeline'][n]:.1f}x eager)"),
+        row("pipeline: one-node step of every rank, p50", lambda n: f"{p[n]['plain']:.2f} ms"),
+        row("pipeline: one-node step across send/recv pairs, p50", lambda n: f"{p[n]['crossing']:.2f} ms"),
+        row("overhead per send/recv pair (the difference, per pair crossed, p50)",
+            lambda n: f"{p[n]['per_pair']:.2f} ms"),
+        row("step back across a send/recv (a rank one node back across its recv), p50 / p95",
+            lambda n: f"{p[n]['back'][0]:.2f} / {p[n]['back'][1]:.2f} ms"),
+        row("planted p2p deadlock (both ranks send first): entry to the stop (median)",
+            lambda n: f"{p[n]['deadlock']:.1f} ms" if n == 2 else two_ranks_only),
+        row("the same program, plain torch.distributed on gloo (median)",
+            lambda n: f"runs through: {eager['deadlock'][n]:.2f} ms (its isend does not wait for the recv)"
+            if n == 2 else two_ranks_only),
     ]
     return "\n".join(lines)
 
@@ -230,17 +338,22 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             parser.error(f"--{name} is a number of times, at least 1")
     sizes = [2] if args.small else [2, 4]
-    eager = {n: eager_ms(n, args.calls) for n in sizes}  # first: forked before this process runs anything
-    training = {n: eager_ms(n, args.calls, _training_step) for n in sizes}
+    calls = {"forward": _forward, "training": _training_step,
+             "pipeline": functools.partial(_forward, program=PIPELINE),
+             "deadlock": functools.partial(_forward, program=POINT_TO_POINT, entry="deadlock")}
+    # first: forked before this process runs anything; the deadlock model is one of 2 ranks
+    eager = {name: {n: eager_ms(n, args.calls, call) for n in (sizes if name != "deadlock" else [2])}
+             for name, call in calls.items()}
     launches: dict[int, list[float]] = {n: [] for n in sizes}
     launcher = RankLauncher()  # its start is part of the first launch's time
     try:
         rewind = {n: rewind_rows(n, launcher, args.repeats, args.samples, launches[n]) for n in sizes}
+        pipeline = {n: pipeline_rows(n, launcher, args.repeats, args.samples, launches[n]) for n in sizes}
     finally:
         launcher.close()
     print(f"Many ranks on {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, gloo; "
           f"{datetime.date.today()}; {args.repeats} launch(es) per figure\n")
-    print(table(sizes, eager, rewind, launches, training))
+    print(table(sizes, eager, rewind, pipeline, launches))
     return 0
 
 

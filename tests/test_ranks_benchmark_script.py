@@ -1,6 +1,7 @@
 """benchmarks/ranks.py measures the issue's figures (2 and 4 ranks, several launches): it must not rot between its
 runs. The script end to end with --small (2 ranks, one launch each) prints every row, side by side with plain
-torch.distributed; a bad option is refused in words."""
+torch.distributed (the tensor-parallel and pipeline examples, the data-parallel step, the planted mismatch and
+p2p deadlock); a bad option is refused in words."""
 
 import subprocess
 import sys
@@ -21,7 +22,15 @@ ROWS = ("| model | examples/tensor_parallel.py: 12 nodes, 2 all_reduce per rank 
         "| data-parallel training step, plain torch.distributed (slowest rank, median) |",
         "| Rewind: the training step to the end |", "| the same with the replicas check on every parameter |",
         "| planted skipped collective: entry to the stop (median) |",
-        "| the same program, plain torch.distributed | hangs (until gloo's timeout) |")
+        "| the same program, plain torch.distributed | hangs (until gloo's timeout) |",
+        "| pipeline model | examples/pipeline_parallel.py: 13-15 nodes a rank, 2 send/recv pairs, 1 all_reduce |",
+        "| pipeline: eager forward, plain torch.distributed (slowest rank, median) |",
+        "| pipeline: Rewind run to the end |", "| pipeline: one-node step of every rank, p50 |",
+        "| pipeline: one-node step across send/recv pairs, p50 |",
+        "| overhead per send/recv pair (the difference, per pair crossed, p50) |",
+        "| step back across a send/recv (a rank one node back across its recv), p50 / p95 |",
+        "| planted p2p deadlock (both ranks send first): entry to the stop (median) |",
+        "| the same program, plain torch.distributed on gloo (median) | runs through: ")
 
 
 def test_the_ranks_benchmark_prints_every_row_for_two_ranks():
