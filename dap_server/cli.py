@@ -66,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     debug.add_argument("--join", metavar="HOST:PORT",
                        help="with --ranks: start no rank here; ranks started by torchrun on any host join at "
                             "HOST:PORT (docs/ranks.md, \"Several hosts\")")
+    debug.add_argument("--replicas", nargs="+", action="extend", metavar="NAME",
+                       help="with --ranks: values that must stay identical on every rank (variables, values, "
+                            "parameter paths or patterns such as 'l1.*'); the session stops where they first differ "
+                            "(docs/ranks.md, \"Replicas\")")
     debug.add_argument("-x", dest="script", metavar="FILE", help="run the commands in FILE, then exit")
     debug.add_argument("--json", action="store_true", help="print one JSON object per command (for agents)")
     debug.add_argument("--trace", metavar="FILE", help="open a recorded trace instead: no device needed")
@@ -95,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give a model file, or --trace FILE (not both)")
     if args.overwrite and not args.record:
         parser.error("--overwrite replaces an existing --record FILE: give --record too")
+    if args.replicas and args.ranks is None and args.trace is None:
+        parser.error("--replicas compares values across ranks: give --ranks N too (or --trace with the index of "
+                     "many ranks' traces)")
     overwrite = args.overwrite
     if args.record and not overwrite and os.path.isfile(args.record) and not os.path.islink(args.record):
         interactive = sys.stdin.isatty() and not args.json and not args.script
@@ -106,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                                                         "overwrite": overwrite or None, "steps": args.steps,
                                                         "ranks": args.ranks, "rendezvous": args.rdzv,
                                                         "join": args.join}
+    target["replicas"] = args.replicas  # a trace too: the index of many ranks' traces checks them post-mortem
     return console.run(target, args.driver, args.entry, args.script, args.json)
 
 

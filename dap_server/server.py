@@ -361,6 +361,7 @@ class EngineLink:
         self.moving = False  # a motion was answered and has not stopped yet
         self.stops = 0  # `stopped` events so far
         self.quiet_initialized = 0  # `initialized` events of silent launches, not for the client
+        self.join: str | None = None  # where the last launch's ranks join (a launch that waits for them), if any
 
     async def start(self) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
@@ -382,8 +383,11 @@ class EngineLink:
         if not answer:
             self.silent.add(seq)
             self.quiet_initialized += command == "launch"
+        if command in _LOADING:
+            self._note_join(command, arguments)
         if command in _STOPPING:
-            self._watch([seq], f"the engine did not answer '{command}' within {self.grace:g} s")
+            self._watch([seq], self._loading_words(command) or
+                        f"the engine did not answer '{command}' within {self.grace:g} s")
         elif command == "pause" or (command == "cancel" and self._cancels_program_code(message)):
             self._watch_program_code(command)
         try:
@@ -400,10 +404,26 @@ class EngineLink:
         """After a pause or a cancel, the program's own code (build(), a fix file's function) gets the grace
         period to give control back: a request running it must be answered, a motion must stop."""
         running = [s for s, c in self.pending.items() if c in _RUNS_PROGRAM_CODE]
-        loading = any(self.pending[s] in _LOADING for s in running)
-        why = (f"{'build()' if loading else 'the program'} did not return within {self.grace:g} s after "
-               f"'{command}'")
+        why = self._loading_words(command) or f"the program did not return within {self.grace:g} s after '{command}'"
         self._watch(running, why, motion=self.moving)
+
+    def _note_join(self, command: str, arguments: Any) -> None:
+        """A launch (or a restart's new launch arguments) with `join` waits for ranks started elsewhere to join: the
+        engine is busy waiting for them, not in build()."""
+        if command == "restart":
+            if not isinstance(arguments, dict) or "arguments" not in arguments:
+                return  # it launches as the last launch did
+            arguments = arguments["arguments"]
+        join = arguments.get("join") if isinstance(arguments, dict) else None
+        self.join = join if isinstance(join, str) else None
+
+    def _loading_words(self, command: str) -> str | None:
+        """Why a launch still pending when `command` came has not given control back, in words (None: no launch
+        is pending): its ranks have not all joined, or build() has not returned."""
+        if not any(c in _LOADING for c in self.pending.values()):
+            return None
+        what = f"the ranks did not all join at {self.join}" if self.join else "build() did not return"
+        return f"{what} within {self.grace:g} s after '{command}'"
 
     def _watch(self, seqs: list[int], why: str, motion: bool = False) -> None:
         """Stop the engine if any of these requests is still unanswered after the grace period (or, with
