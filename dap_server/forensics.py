@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field, model_validator
 
 from dap_server.events import working
+from dap_server.frames import check_thread
 from dap_server.requests import StrictArguments, request
 from hardware.errors import RewindError
 from hardware.program import Node
@@ -27,6 +28,7 @@ class CompareWithReferenceArguments(StrictArguments):
     start: int = Field(0, ge=0)  # first tick
     count: int | None = Field(None, ge=0, le=MAX_ROWS)  # ticks (default: to the end)
     introduced: bool = False  # also rerun each node on the reference's inputs
+    threadId: int | None = None  # with ranks: the rank asked (docs/ranks.md, "Many ranks"); else only checked
 
 
 @request("compareWithReference")
@@ -34,6 +36,7 @@ def compare_with_reference(adapter: "RequestContext", args: CompareWithReference
     """The per-node table: each floating output of each node against the reference; with `introduced`, each row's
     `verdict`: `within` tolerance, `introduced` (the node makes that error on the reference's inputs) or `inherited`
     (its inputs brought it)."""
+    check_thread(adapter, args.threadId)
     with working(adapter, "Comparing with the reference"):
         f = adapter.session.forensics
         rows = f.table(args.start, args.count, args.introduced)

@@ -21,6 +21,7 @@ from dap_server.frames import FRAMES_PER_THREAD, thread_unit
 from dap_server.sources import source_path
 from dap_server.variables import Fields, VariableTable
 from hardware.errors import RewindError, echo
+from hardware.ranks.forensics import CARRIED
 from hardware.ticks import Direction
 
 if TYPE_CHECKING:
@@ -367,6 +368,34 @@ def _first_divergence(adapter: "RequestContext", args: Any, handler: "Handler") 
     return found
 
 
+def _against_reference(adapter: "RequestContext", args: Any, handler: "Handler") -> dict:
+    """compareWithReference, referenceValue, readReference: asked of the rank _target names (its thread or frame),
+    whose engine answers with the usual handler over its own float64 reference pass (FencedSession.forensics), the
+    answer naming the rank (`rank`). Every rank's reference pass runs first, on all ranks at once, unless kept from
+    before; before every rank has run its collectives it is refused (hardware/ranks/forensics.py)."""
+    rank, arguments = _target(adapter, args)
+    with working(adapter, "Running every rank's float64 reference pass"):
+        adapter.session.reference_passes()
+    body = {"rank": rank, **_ask(adapter, rank, handler.command, arguments)}
+    if handler.command == "compareWithReference" and args.introduced:
+        _judge_collectives(adapter, rank, body["rows"])
+    return body
+
+
+def _judge_collectives(adapter: "RequestContext", rank: int, rows: list[dict]) -> None:
+    """A collective rerun on one rank's reference inputs measures nothing of its own (its result is made of every
+    rank's input): its row's `introduced` is null, saying so, and beyond tolerance its verdict is firstDivergence's:
+    `inherited` when a rank's input to it is beyond tolerance (`carriedBy` names them), else `introduced` (its own
+    arithmetic: `carriedByReason`)."""
+    carried = adapter.session.carried_into(rank)
+    for row in rows:
+        if row["node"] in carried:
+            row.update(introduced=None, introducedReason=CARRIED)
+            if not row["within"]:
+                row.update(carried[row["node"]], verdict="inherited" if carried[row["node"]]["carriedBy"] else
+                           "introduced")
+
+
 _SPECIAL: dict[str, Callable[["RequestContext", Any, "Handler"], Any]] = {
     "stackTrace": _stack_trace, "exceptionInfo": _exception_info,
     **dict.fromkeys(["scopes", "variables", "evaluate", "stepInTargets", "readMemory", "disassemble"], _forward),
@@ -380,4 +409,5 @@ _SPECIAL: dict[str, Callable[["RequestContext", Any, "Handler"], Any]] = {
     **dict.fromkeys(["addPatch", "removePatch", "restoreBranch", "measureBranch", "compareBranches"], _no_patches),
     **dict.fromkeys(["continue", "reverseContinue", "next", "stepIn", "stepOut", "stepBack"], _every_thread),
     **dict.fromkeys(["gotoTargets", "source", "loadedSources"], _stopped_rank),
-    "goto": _goto, "firstDivergence": _first_divergence}
+    "goto": _goto, "firstDivergence": _first_divergence,
+    **dict.fromkeys(["compareWithReference", "referenceValue", "readReference"], _against_reference)}

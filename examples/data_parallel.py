@@ -1,9 +1,9 @@
 """Data parallelism: every rank holds the same parameters and trains on its own shard of the batch; a gradient hook
 all-reduces each parameter's gradient (averaged over the ranks) before the optimizer's update, so the replicated
 parameters stay identical on every rank. Debug one training step with
-`rewind debug examples/data_parallel.py --entry train_step --ranks 2` (or 4).
+`rewind debug examples/data_parallel.py --entry train_step --ranks 2` (or 4), and N steps with `--steps N`.
 
-`reference()` is the same step in one process on the whole batch: every rank's trained parameters equal it.
+`reference(steps)` is the same steps in one process on the whole batch: every rank's trained parameters equal it.
 """
 
 import torch
@@ -49,11 +49,13 @@ def train_step(rank, world_size):
     return model, (x, y), F.mse_loss, optimizer
 
 
-def reference():
-    """The parameters after one step in one process on the whole batch, by module path."""
+def reference(steps=1):
+    """The parameters after `steps` steps in one process on the whole batch, by module path."""
     torch.manual_seed(0)
     model, optimizer = _step(MLP())
     x, y = whole_batch()
-    F.mse_loss(model(x), y).backward()
-    optimizer.step()
+    for _ in range(steps):
+        optimizer.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        optimizer.step()
     return {name: p.detach() for name, p in model.named_parameters()}

@@ -87,9 +87,8 @@ def test_first_divergence_through_the_wire_answers_per_rank():
         with pytest.raises(DapError) as caught:  # forensics answers for every rank: there is no rank to choose
             debugger.request("firstDivergence", {"rank": 1})
         assert caught.value.message == "firstDivergence: unknown field 'rank' (known: start, origin)"
-        for refused in ("compareWithReference", "ablatePrecision"):  # they would re-run nodes on one rank
-            with pytest.raises(DapError, match=f"'{refused}' is not supported with ranks yet"):
-                debugger.request(refused, {"search": True} if refused == "ablatePrecision" else {})
+        with pytest.raises(DapError, match="'ablatePrecision' is not supported with ranks yet"):
+            debugger.request("ablatePrecision", {"search": True})  # it would re-run nodes on one rank
     finally:
         debugger.close()
     assert schema.failures == [], "messages that break the DAP schema"

@@ -147,6 +147,8 @@ def _craft(folder: Path, case: str, good: Path) -> Path:
         for rank in body["ranks"]:
             for collective in rank["collectives"]:
                 del collective["p2p"]
+    elif case == "a bad group":
+        body["groups"] = {"0": [1, 0]}
     elif case == "a bad transfer":
         body["ranks"][1]["collectives"][0]["p2p"] = [["sideways", 1, 0, "float32[4]"]]
     elif case == "other collectives":
@@ -168,6 +170,7 @@ def _craft(folder: Path, case: str, good: Path) -> Path:
     ("a link", "is a link"),
     ("changed", "rank 1's trace run.rank1.rwtrace does not match its SHA-256 in the index"),
     ("damaged", "run.rank1.rwtrace is not a Rewind trace (no trace header at offset 0)"),
+    ("a bad group", "its group '0' is [1, 0], not ranks of the index in order"),
     ("a bad transfer", "rank 1's collective #1: its p2p transfers are [['sideways', 1, 0, 'float32[4]']]"),
     ("other collectives", "rank 1's trace run.rank1.rwtrace has all_reduce #2 (float32[4,8], sum) at "
                           "tensor_parallel.py:49 at tick 9 where the index says all_gather_into_tensor #2"),

@@ -79,10 +79,14 @@ def collectives_of(program: Program, node_tick: list[int]) -> list[Collective]:
     return found
 
 
-def check_point_to_point(collectives: list[Collective], rank: int, world_size: int) -> None:
+def check_point_to_point(collectives: list[Collective], rank: int, world_size: int, world: str | None) -> None:
     """A send or recv whose peer is no rank of the session, or this rank itself, is refused in words before the
-    rank runs (it could never complete)."""
+    rank runs (it could never complete); so is one on a process group other than the default one (`world`: its
+    name; None: not known, a rank opened from its trace), whose peers would be ranks of that group."""
     for c in collectives:
+        if c.point_to_point and world is not None and c.group != world:
+            raise RewindError(f"{c.describe()} is on a process group other than the default one: sends and recvs "
+                              "on a subgroup are not supported yet (docs/ranks.md, \"Process groups\")")
         for direction, peer, _, _ in c.p2p:
             if not 0 <= peer < world_size or peer == rank:
                 whom = "itself" if peer == rank else f"rank {peer}, and this session has ranks 0..{world_size - 1}"
@@ -129,8 +133,8 @@ def _transfers(op: str, bound: dict, tensors: list[str]) -> tuple[tuple[str, int
 @dataclass
 class Pairing:
     """Which collectives of the ranks run together (docs/ranks.md, "Point-to-point send and recv"), by (rank, index
-    of the collective among the rank's, from 0). A collective of the process group runs with the collective counted
-    the same on every other rank (the k-th with the k-th, sends and recvs not counted); a send with the recv that
+    of the collective among the rank's, from 0). A collective runs with the collective counted the same on every
+    other rank of its process group (the k-th of the group with the k-th; sends and recvs not counted); a send with the recv that
     takes it, the j-th send from rank a to rank b with tag t with the j-th recv at b from a with tag t (a batch:
     each of its transfers). `partners`: each collective's, as (peer, its index there, or None: the peer has none
     to match it), `conflicts`: the partners whose transfer disagrees (another dtype or element count), with why."""
@@ -139,14 +143,21 @@ class Pairing:
     conflicts: dict[tuple[int, int], list[tuple[int, int, str]]]
 
     @staticmethod
-    def of(collectives: dict[int, list[Collective]]) -> "Pairing":
+    def of(collectives: dict[int, list[Collective]], groups: dict[str, tuple[int, ...]]) -> "Pairing":
+        """`groups`: each process group's ranks, by name (a group not named: every rank)."""
         ranks = sorted(collectives)
         partners: dict[tuple[int, int], list[tuple[int, int | None]]] = {}
         conflicts: dict[tuple[int, int], list[tuple[int, int, str]]] = {}
-        grouped = {r: [i for i, c in enumerate(collectives[r]) if not c.point_to_point] for r in ranks}
+        grouped: dict[int, dict[str, list[int]]] = {r: {} for r in ranks}  # rank -> group -> its collectives there
         for r in ranks:
-            for k, i in enumerate(grouped[r]):
-                partners[(r, i)] = [(q, grouped[q][k] if k < len(grouped[q]) else None) for q in ranks if q != r]
+            for i, c in enumerate(collectives[r]):
+                if not c.point_to_point:
+                    grouped[r].setdefault(c.group, []).append(i)
+        for r in ranks:
+            for group, indices in grouped[r].items():
+                others = [q for q in groups.get(group, ranks) if q != r and q in grouped]
+                for k, i in enumerate(indices):
+                    partners[(r, i)] = [(q, _kth(grouped[q].get(group, []), k)) for q in others]
         lanes: dict[tuple[str, int, int, int], list[tuple[int, str]]] = {}  # (direction, from, to, tag) -> transfers
         for r in ranks:
             for i, c in enumerate(collectives[r]):
@@ -178,7 +189,8 @@ class Pairing:
         sends and recvs with several peers run only all together)."""
         ready = dict(waiting)
         while True:
-            dropped = [r for r, i in ready.items() if any(ready.get(q) != m for q, m in self.partners[(r, i)])]
+            dropped = [r for r, i in ready.items()  # a partner with none to match it (None) never waits at it
+                       if any(m is None or ready.get(q) != m for q, m in self.partners[(r, i)])]
             if not dropped:
                 return ready
             for r in dropped:
@@ -187,6 +199,10 @@ class Pairing:
     def group(self, rank: int, index: int) -> dict[int, int]:
         """The collective's own rank and its partners that have one matching it: rank -> index."""
         return {rank: index, **{q: m for q, m in self.partners[(rank, index)] if m is not None}}
+
+
+def _kth(indices: list[int], k: int) -> int | None:
+    return indices[k] if k < len(indices) else None
 
 
 def _same_bytes(sent: str, received: str) -> bool:

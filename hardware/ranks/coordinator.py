@@ -27,6 +27,7 @@ from typing import Any, Callable
 import torch.distributed as dist
 
 from hardware.errors import RewindError, echo
+from hardware.frontends.torch_train import check_steps
 from hardware.ranks import forensics, traces
 from hardware.ranks.collectives import Collective, Pairing, mismatch
 from hardware.ranks.launcher import MAX_RANKS, RANK_MODULE, RankLauncher, exit_code
@@ -77,7 +78,7 @@ class Coordinator:
                  rendezvous: str | None = None, launcher: RankLauncher | None = None,
                  on_notes: Callable[[int | None, list[str]], None] | None = None, record: str | None = None,
                  overwrite: bool = False, trace: str | None = None, replicas: list[str] | None = None,
-                 join: str | None = None):
+                 join: str | None = None, steps: int = 1):
         """Start `ranks` engines on `program` and wait until each has loaded its rank's Program (stopped at
         entry); any failure ends every rank and says which rank failed and why. `launcher`: the rank launcher
         that forks them (else one of this coordinator's own, ended with it); `on_notes` hears what a rank's
@@ -86,7 +87,10 @@ class Coordinator:
         `overwrite`). `trace`: open the ranks of the index at this path post-mortem instead of a program: no
         devices, no process group, every collective's result read from the traces. `replicas`: the values that must
         stay identical on every rank (set_replicas). `join` (host:port): no rank is forked; ranks started by
-        torchrun on any host join there over TCP (hardware/ranks/join.py), and the store is served beside it."""
+        torchrun on any host join there over TCP (hardware/ranks/join.py), and the store is served beside it.
+        `steps`: a training step's entry is unrolled that many times on every rank (its collectives numbered on
+        across the steps)."""
+        self.steps = _checked_steps(steps, trace)
         self.index = _opened_index(trace, program, ranks, record)  # the index of the traces this session opened
         self.world_size = self.index.world_size if self.index is not None else _checked_ranks(ranks)
         self.timeout_s = _checked_seconds(timeout_s, "timeout")
@@ -100,6 +104,7 @@ class Coordinator:
         self.last_stop: CutStop | None = None
         self.replicas: ReplicaCheck | None = None
         self.pairing = Pairing({}, {})  # which collectives of the ranks run together (set once they are known)
+        self.groups: dict[str, tuple[int, ...]] = {}  # each process group's ranks, by name
         self._pause = threading.Event()
         self._send_lock = threading.Lock()
         self._folder = Path(tempfile.mkdtemp(prefix="rewind-ranks-"))
@@ -130,7 +135,10 @@ class Coordinator:
                 if self.index is not None:
                     traces.check_agrees(self.index, rank.rank, rank.collectives)
                 rank.outputs = reply.pop("outputs")
+                self.groups.update({name: tuple(members) for name, members in reply.pop("groups").items()})
                 rank.state = reply
+            if self.index is not None:
+                self.groups = dict(self.index.groups)
             self._pair()
             self.set_replicas(replicas)
         except BaseException:
@@ -139,7 +147,7 @@ class Coordinator:
         self.last_stop = CutStop("entry", "stopped on entry", None, self.ticks())
 
     def _pair(self) -> None:
-        self.pairing = Pairing.of({rank.rank: rank.collectives for rank in self.ranks})
+        self.pairing = Pairing.of({rank.rank: rank.collectives for rank in self.ranks}, self.groups)
 
     def partners(self, rank: int, number: int) -> dict[int, int]:
         """The collectives that run with rank `rank`'s collective #`number` (from 1): each rank's that takes part
@@ -149,7 +157,7 @@ class Coordinator:
 
     def _launch_message(self, rank: int, program: str | None, entry: str, budget_mb: float) -> dict:
         """What rank `rank` loads: its trace, or the program (recording its trace beside the index)."""
-        message = {"op": "launch", "entry": entry, "budget_mb": budget_mb}
+        message = {"op": "launch", "entry": entry, "budget_mb": budget_mb, "steps": self.steps}
         if self.index is not None:  # the rank checks its file's bytes are the index's (every rank at once)
             mine = self.index.ranks[rank]
             return {**message, "trace": str(mine.path), "index": str(self.index.path), "bytes": mine.size,
@@ -209,7 +217,7 @@ class Coordinator:
             self._ask({r: {"op": "finish"} for r in range(self.world_size)}, max(self.timeout_s, 60.0),
                       "finishing its trace")
             self.recorded = traces.write_index(index, overwrite, program, entry,
-                                               [rank.collectives for rank in self.ranks])
+                                               [rank.collectives for rank in self.ranks], self.groups)
         except RewindError as exc:
             return f"the index of the ranks' traces was not written at {index}: {exc}"
         return None
@@ -490,18 +498,22 @@ class Coordinator:
                     a, b = sorted([(r, i), (q, m)])
                     return (f"rank {a[0]} calls {self.ranks[a[0]].collectives[a[1]].describe()}; rank {b[0]} calls "
                             f"{self.ranks[b[0]].collectives[b[1]].describe()}: {why}", r)
-            group = self.pairing.group(r, i)
-            if not self.ranks[r].collectives[i].point_to_point and len(group) == self.world_size and all(
-                    waiting.get(q) == m for q, m in group.items()):
-                return mismatch({q: self.ranks[q].collectives[m] for q, m in group.items()},
-                                {q: self.ranks[q].state["passed"] for q in group})
+            partners = self.pairing.partners[(r, i)]
+            if not self.ranks[r].collectives[i].point_to_point and all(
+                    m is not None and waiting.get(q) == m for q, m in partners):
+                group = {r: i, **dict(partners)}  # every rank of its process group waits at its own: do they match?
+                found = mismatch({q: self.ranks[q].collectives[m] for q, m in group.items()},
+                                 {q: self.ranks[q].state["passed"] for q in group})
+                if found is not None:
+                    return found
         return None
 
     def _stuck(self, waiting: dict[int, int], forward: bool) -> tuple[str, int]:
         """Words for ranks that all wait at collectives none of which can run (each needs a rank that waits
         elsewhere or has reached its end): what each calls and where its partners join it; the rank it is about."""
         passed = {rank.rank: rank.state["passed"] for rank in self.ranks}
-        if forward and not any(self.ranks[r].collectives[i].point_to_point for r, i in waiting.items()):
+        if forward and all(not self.ranks[r].collectives[i].point_to_point
+                           and len(self.pairing.partners[(r, i)]) == self.world_size - 1 for r, i in waiting.items()):
             nxt = {q: (self.ranks[q].collectives[waiting[q]] if q in waiting else None) for q in passed}
             found = mismatch(nxt, passed)  # collectives of the process group only: each side, in its words
             if found is not None:
@@ -532,7 +544,7 @@ class Coordinator:
     def _counterpart(c: Collective, peer: int) -> str:
         """What a peer would call to match `c`: a recv for a send to it, a send for a recv from it."""
         if not c.point_to_point:
-            return f"{c.op} #{c.number}"
+            return "collective of its process group"
         return "recv" if any(d == "send" and p == peer for d, p, _, _ in c.p2p) else "send"
 
     def goto(self, tick: int, rank: int = 0) -> CutStop:
@@ -544,27 +556,52 @@ class Coordinator:
             raise RewindError(f"tick {echo(str(tick))} is outside rank {r}'s program (0..{end})")
         target = sum(1 for c in self.ranks[r].collectives if c.tick < tick)
         try:
-            while self.ranks[r].state["passed"] < target:
-                blocked = self._cross(Direction.FORWARD)
-                if blocked is not None:
-                    return self._stopped(blocked)
-            while self.ranks[r].state["passed"] > target:
-                blocked = self._cross(Direction.REVERSE)
-                if blocked is not None:
-                    return self._stopped(blocked)
+            for direction in (Direction.FORWARD, Direction.REVERSE):
+                forward = direction is Direction.FORWARD
+                bound = self._bounds(r, target, forward)
+                while any(self._beyond(rank, bound, forward) for rank in self.ranks):
+                    blocked = self._cross(direction, bound)
+                    if blocked is not None:
+                        return self._stopped(blocked)
             self._ask({r: {"op": "goto", "tick": tick}}, self.timeout_s, "going to a tick", moves=True)
         except RankTrouble as trouble:
             return self._stopped(CutStop("exception", str(trouble), trouble.rank, finding=True))
         return self._stopped(CutStop("goto", f"rank {r} at tick {tick}", r))
 
-    def _cross(self, direction: Direction) -> CutStop | None:
-        """Every rank with a collective ahead (forward) or behind (back) to it: before its next one, or right after
-        its last one; then every collective whose partners all wait at theirs is crossed by them together. A
-        mismatch, or ranks all waiting for one another, stops short, before any rank runs one."""
+    def _bounds(self, r: int, target: int, forward: bool) -> dict[int, int]:
+        """How many collectives each rank must have passed (forward: at least; back: at most) for rank `r` to have
+        passed `target`: the partners of each collective crossed (or crossed back) with it, and, on each partner's
+        rank, the ones before it (after it, back) first. The nearest consistent cut: no other rank moves."""
+        passed = {rank.rank: rank.state["passed"] for rank in self.ranks}
+        bound = {**passed, r: target}
+        changed = True
+        while changed:
+            changed = False
+            for q in list(bound):
+                for i in (range(passed[q], bound[q]) if forward else range(bound[q], passed[q])):
+                    for p, m in self.pairing.partners.get((q, i), []):
+                        want = None if m is None else (m + 1 if forward else m)
+                        if want is not None and (want > bound[p] if forward else want < bound[p]):
+                            bound[p], changed = want, True
+        return bound
+
+    @staticmethod
+    def _beyond(rank: _Rank, bound: dict[int, int], forward: bool) -> bool:
+        """Rank `rank` has collectives to cross (forward) or cross back before it is within `bound`."""
+        passed = rank.state["passed"]
+        return passed < bound[rank.rank] if forward else passed > bound[rank.rank]
+
+    def _cross(self, direction: Direction, bound: dict[int, int] | None = None) -> CutStop | None:
+        """Every rank with a collective to cross (forward: up to `bound`) or to cross back (back: down to `bound`;
+        None: any) to it: before its next one, or right after its last one; then every collective whose partners
+        all wait at theirs is crossed by them together. A mismatch, or ranks all waiting for one another, stops
+        short, before any rank runs one (worded with every rank brought to its next one)."""
         forward = direction is Direction.FORWARD
         where = {}
         for rank in self.ranks:
             n = rank.state["passed"]
+            if bound is not None and not self._beyond(rank, bound, forward):
+                continue
             if forward and n < len(rank.collectives):
                 where[rank.rank] = rank.collectives[n].tick
             elif not forward and n > 0:
@@ -576,6 +613,8 @@ class Coordinator:
                    if s["at_fence" if forward else "at_back_fence"] and r in where}
         found = self._disagree(waiting) if forward else None
         ready = self.pairing.ready(waiting) if found is None else {}
+        if found is None and not ready and bound is not None:
+            return self._cross(direction)  # a partner out of bounds: every rank to its next one, to say why
         if found is None and not ready:
             found = self._stuck(waiting, forward)
         if found is not None:
@@ -693,6 +732,14 @@ def _opened_index(trace: str | None, program: str | None, ranks: Any, record: st
     if ranks is not None and ranks != index.world_size:
         raise RewindError(f"the index {index.path} holds {index.world_size} ranks' traces, not {echo(repr(ranks))}")
     return index
+
+
+def _checked_steps(steps: Any, trace: str | None) -> int:
+    check_steps(steps)
+    if trace is not None and steps != 1:  # the Program each rank's trace holds is unrolled already
+        raise RewindError(f"a trace of many ranks holds the training steps it recorded: open it without steps "
+                          f"(got {steps})")
+    return steps
 
 
 def _checked_seconds(value: Any, what: str) -> float:

@@ -18,6 +18,10 @@ the ranks whose inputs to it were beyond tolerance (none: the collective's own a
 that is not carried, earliest by the collectives before it (then by rank), is the root: the rank and line that
 introduced the error.
 
+The reference passes are kept for the run, each on its rank's Session, so a request about one rank's reference
+(compareWithReference, referenceValue, readReference through DAP: dap_server/ranks.py) is answered by that rank's
+engine with the usual handler, once `reference_passes` has run them all.
+
 RankForensics is the part a rank's engine answers (hardware/ranks/worker.py); `forensics` below it, the
 coordinator's part.
 """
@@ -33,10 +37,9 @@ from provenance.forensics import Forensics
 
 if TYPE_CHECKING:
     from hardware.ranks.collectives import Collective
-    from hardware.session.session import Session
 
-_CARRIED = ("a collective's result is made of every rank's input: rerun on this rank's reference inputs alone it "
-            "measures nothing of its own (carriedBy names the ranks whose inputs brought the error)")
+CARRIED = ("a collective's result is made of every rank's input: rerun on this rank's reference inputs alone it "
+           "measures nothing of its own (carriedBy names the ranks whose inputs brought the error)")
 
 
 class Ranks(Protocol):
@@ -53,34 +56,33 @@ class Ranks(Protocol):
 
 # -- what a rank answers -------------------------------------------------------------------------------------
 class RankForensics:
-    """The forensics requests a rank's engine answers (mixed into RankEngine)."""
+    """The forensics requests a rank's engine answers (mixed into RankEngine). Its reference pass is kept on its
+    Session (FencedSession.reference_forensics, hardware/ranks/worker.py), so the usual requests about the reference
+    (compareWithReference, referenceValue, readReference) read that pass."""
 
     rank: int
-    session: "Session"
+    session: Any  # a FencedSession (hardware/ranks/worker.py, which imports this module)
     collectives: list["Collective"]
-    _reference_forensics: Forensics | None = None  # this rank's Forensics over its lockstep reference pass
 
     def do_reference_ready(self, m: dict) -> bool:
         """Has this rank run its reference pass of the pass it holds now?"""
-        f = self._reference_forensics
+        f = self.session.reference_forensics
         return f is not None and f.timeline is self.session.tl
 
     def do_reference(self, m: dict) -> str:
         """Run this rank's reference pass anew, every collective for real with its peers' reference passes (which
         run now: the coordinator asks every rank at once); the reference's spec."""
-        self._reference_forensics = None
+        self.session.reference_forensics = None
         f = Forensics(self.session)  # a rank's launch names no reference: a driver's pass (torch:cpu:float64)
         f.collectives = Ledger(self.rank, lockstep=True).run
         f.reference  # runs the pass
-        self._reference_forensics = f
+        self.session.reference_forensics = f
         return f.spec
 
     def do_forensics(self, m: dict) -> dict:
         """This rank's first divergence from tick `start` on; the number of the collective it is at (None: a node
         of this rank's own); and for each collective, how its inputs on this rank compare with the reference."""
-        f = self._reference_forensics
-        if f is None or not self.do_reference_ready(m):
-            raise RewindError(f"rank {self.rank} has no reference pass of this run: ask every rank for forensics")
+        f = self._reference()
         found = f.first_divergence(int(m["start"]))
         while found is not None and (c := self._collective_at(found.tick)) is not None \
                 and not self._inputs(f, c)["within"]:  # its input on this rank brought the error: inherited
@@ -88,9 +90,19 @@ class RankForensics:
         at = self._collective_at(found.tick) if found is not None else None
         divergence = found.to_dict() if found is not None else None
         if divergence is not None and at is not None:
-            divergence.update(introduced=None, introducedReason=_CARRIED)
+            divergence.update(introduced=None, introducedReason=CARRIED)
         return {"reference": f.spec, "divergence": divergence, "collective": at.number if at is not None else None,
-                "inputs": [self._inputs(f, c) for c in self.collectives]}
+                "inputs": self.do_collective_inputs(m)}
+
+    def do_collective_inputs(self, m: dict) -> list[dict]:
+        """For each of this rank's collectives, how its inputs on this rank compare with the reference."""
+        f = self._reference()
+        return [self._inputs(f, c) for c in self.collectives]
+
+    def _reference(self) -> Forensics:
+        if not self.do_reference_ready({}):
+            raise RewindError(f"rank {self.rank} has no reference pass of this run: ask every rank for forensics")
+        return self.session.reference_forensics
 
     def _collective_at(self, tick: int) -> "Collective | None":
         return next((c for c in self.collectives if c.tick == tick), None)
@@ -115,9 +127,7 @@ def forensics(ranks: Ranks, start: Any = 0) -> dict:
     carried by a collective (`divergence`, with `headline`)."""
     if isinstance(start, bool) or not isinstance(start, int) or start < 0:
         raise RewindError(f"start is a tick to look from, a whole number from 0; got {echo(repr(start))}")
-    _check_ran(ranks)
-    if not all(ranks.ask_all({"op": "reference_ready"}, "answering whether it has a reference pass").values()):
-        ranks.ask_all({"op": "reference"}, "running its float64 reference pass with its peers")
+    reference_passes(ranks)
     answers = ranks.ask_all({"op": "forensics", "start": start}, "comparing its pass with its reference")
     found = [_rank_finding(ranks, r, answers, start) for r in sorted(answers)]
     roots = sorted((f for f in found if f["divergence"] is not None and f["divergence"]["carriedBy"] is None),
@@ -130,6 +140,22 @@ def forensics(ranks: Ranks, start: Any = 0) -> dict:
                 "headlineReason": "no divergence"}
     root = roots[0]["divergence"]
     return {**out, "divergence": root, "headline": _headline(root, found)}
+
+
+def reference_passes(ranks: Ranks) -> None:
+    """Every rank's float64 reference pass of the run it holds: run now, on every rank at once, unless each has kept
+    its own from before (refused before every rank has run each of its collectives with its peers)."""
+    _check_ran(ranks)
+    if not all(ranks.ask_all({"op": "reference_ready"}, "answering whether it has a reference pass").values()):
+        ranks.ask_all({"op": "reference"}, "running its float64 reference pass with its peers")
+
+
+def carried_into(ranks: Ranks, rank: int) -> dict[str, dict]:
+    """What brought the error into each of rank `rank`'s collectives, by its node (the reference passes have run):
+    `carriedBy` (the collective and the ranks whose inputs to it are beyond tolerance), or null with
+    `carriedByReason` (every rank's input is within: the collective's own arithmetic)."""
+    inputs = ranks.ask_all({"op": "collective_inputs"}, "comparing its collectives' inputs with its reference")
+    return {c.node: _carried(ranks, rank, c.number, inputs) for c in ranks.collectives(rank)}
 
 
 def _check_ran(ranks: Ranks) -> None:
@@ -155,20 +181,27 @@ def _rank_finding(ranks: Ranks, r: int, answers: dict[int, dict], start: int) ->
         return {"rank": r, "divergence": None, "divergenceReason": f"no node of rank {r} from tick {start} on leaves "
                 "the reference's tolerance by error it introduced, crossed the line at, or a collective carried in"}
     number = answer["collective"]
-    carried, why = None, f"a node of rank {r}'s own introduced the error: no collective carried it in"
+    carried_in = {"carriedBy": None, "carriedByReason": f"a node of rank {r}'s own introduced the error: no collective "
+                  "carried it in"}
     if number is not None:
-        c = ranks.collectives(r)[number - 1]
-        group = ranks.partners(r, number)  # the collective on each rank that takes part (a send's recv): its number
-        inputs = [{"rank": p, **answers[p]["inputs"][n - 1]} for p, n in sorted(group.items()) if p in answers]
-        beyond = [i["rank"] for i in inputs if not i["within"]]
-        if c.point_to_point and beyond:  # a recv: the send that carried the error in is named, on its rank
-            c = ranks.collectives(beyond[0])[group[beyond[0]] - 1]
-        carried = {"collective": c.op, "number": c.number, "node": c.node, "source": c.where, "from": beyond,
-                   "inputs": inputs, **({"rank": beyond[0]} if c.point_to_point else {})} if beyond else None
-        why = (f"every rank's input to {c.describe()} is within tolerance: the collective's own arithmetic made the "
-               "error")
-    return {"rank": r, "divergence": {**found, "rank": r, "carriedBy": carried,
-                                      **({"carriedByReason": why} if carried is None else {})}}
+        carried_in = _carried(ranks, r, number, {p: a["inputs"] for p, a in answers.items()})
+    return {"rank": r, "divergence": {**found, "rank": r, **carried_in}}
+
+
+def _carried(ranks: Ranks, r: int, number: int, inputs: dict[int, list[dict]]) -> dict:
+    """`carriedBy` of rank `r`'s collective #`number`, from each rank's inputs to its collectives (by rank), or null
+    with `carriedByReason`."""
+    c = ranks.collectives(r)[number - 1]
+    group = ranks.partners(r, number)  # the collective on each rank that takes part (a send's recv): its number
+    compared = [{"rank": p, **inputs[p][n - 1]} for p, n in sorted(group.items()) if p in inputs]
+    beyond = [i["rank"] for i in compared if not i["within"]]
+    if not beyond:
+        return {"carriedBy": None, "carriedByReason": f"every rank's input to {c.describe()} is within tolerance: the "
+                                                      "collective's own arithmetic made the error"}
+    if c.point_to_point:  # a recv: the send that carried the error in is named, on its rank
+        c = ranks.collectives(beyond[0])[group[beyond[0]] - 1]
+    return {"carriedBy": {"collective": c.op, "number": c.number, "node": c.node, "source": c.where, "from": beyond,
+                          "inputs": compared, **({"rank": beyond[0]} if c.point_to_point else {})}}
 
 
 def _before(ranks: Ranks, r: int, tick: int) -> int:

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from hardware.errors import RewindError
 from hardware.events import ExceptionDetails, Output, SessionEvent, Stopped
+from hardware.ranks import forensics
 from hardware.ranks.collectives import Collective
 from hardware.ranks.coordinator import Coordinator, CutStop
 from hardware.ranks.launcher import RankLauncher
@@ -52,7 +53,7 @@ class RankedSession:
                                        entry=options.entry, budget_mb=options.budget_mb, timeout_s=self.timeout_s,
                                        launcher=self._launcher, on_notes=self._notes, record=options.record,
                                        overwrite=options.overwrite, trace=options.trace, replicas=options.replicas,
-                                       rendezvous=options.rendezvous, join=options.join)
+                                       rendezvous=options.rendezvous, join=options.join, steps=options.steps)
         self._stop_on_entry = options.stop_on_entry
         self.breakpoint_ids = BreakpointIds()  # new ranks, new breakpoints
         if self._hello is not None:
@@ -139,6 +140,15 @@ class RankedSession:
     def forensics(self, start: int = 0) -> dict:
         """Every rank's first divergence against a float64 reference of the same ranks (Coordinator.forensics)."""
         return self._ranks().forensics(start)
+
+    def reference_passes(self) -> None:
+        """Every rank's float64 reference pass, run now on all ranks at once unless kept from before, so that a
+        request asked of one rank's engine reads its reference (hardware/ranks/forensics.py)."""
+        forensics.reference_passes(self._ranks())
+
+    def carried_into(self, rank: int) -> dict[str, dict]:
+        """What brought the error into each of rank `rank`'s collectives, by its node (hardware/ranks/forensics.py)."""
+        return forensics.carried_into(self._ranks(), rank)
 
     def exception_info(self) -> ExceptionDetails:
         stop = self.last_stop
@@ -236,7 +246,7 @@ class BreakpointIds:
 
 def _refuse_unsupported(options: LaunchOptions) -> None:
     """What a launch with ranks cannot do yet, said before any rank starts."""
-    unsupported = [(options.steps != 1, "training steps (steps)"), (options.faults, "sim chip faults"),
+    unsupported = [(options.faults, "sim chip faults"),
                    (options.trace and options.driver != "auto", f"a driver ('{options.driver}') for a trace (a "
                                                                 "trace of many ranks opens with no device)"),
                    (options.driver not in ("auto", "torch:cpu"), f"the driver '{options.driver}' (ranks run on "

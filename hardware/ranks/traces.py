@@ -33,7 +33,7 @@ from hardware.ranks.collectives import Collective
 from hardware.ranks.launcher import MAX_RANKS
 
 MAGIC = b"RWNDRKS\0"
-VERSION = 2  # 2: a collective's `p2p` (a send's or recv's transfers); version 1 is read too (it has none)
+VERSION = 2  # 2: a collective's `p2p` (a send's or recv's transfers) and the `groups`; version 1 is read too
 BODY = struct.Struct("<II")  # the msgpack's length and crc32
 MAX_INDEX = 64 << 20  # bytes: an index holds names and collectives, never tensors
 MAX_COLLECTIVES = 1 << 20  # of one rank
@@ -62,6 +62,7 @@ class TraceIndex:
     program: str  # the model file that was recorded: shown, never opened
     entry: str
     ranks: tuple[RankTrace, ...]
+    groups: dict[str, tuple[int, ...]]  # each process group's ranks, by name (none in version 1: every rank)
 
 
 def rank_file(index: str | os.PathLike, rank: int) -> Path:
@@ -80,17 +81,18 @@ def record_targets(index: str, world_size: int, overwrite: bool, in_use: dict[st
     return target
 
 
-def write_index(index: Path, overwrite: bool, program: str, entry: str,
-                collectives: list[list[Collective]]) -> Path:
-    """The index of the ranks' finished traces (one list of collectives per rank), written whole or not at all."""
+def write_index(index: Path, overwrite: bool, program: str, entry: str, collectives: list[list[Collective]],
+                groups: dict[str, tuple[int, ...]]) -> Path:
+    """The index of the ranks' finished traces (one list of collectives per rank, and the ranks of each process
+    group they name), written whole or not at all."""
     ranks = []
     for rank, found in enumerate(collectives):
         path = rank_file(index, rank)
         size, digest = file_digest(path, f"rank {rank}'s trace")
         ranks.append({"rank": rank, "file": path.name, "bytes": size, "sha256": digest,
                       "collectives": [c.to_dict() for c in found]})
-    body = msgpack.packb({"world_size": len(ranks), "program": program, "entry": entry, "ranks": ranks},
-                         use_bin_type=True)
+    body = msgpack.packb({"world_size": len(ranks), "program": program, "entry": entry, "ranks": ranks,
+                          "groups": {name: list(members) for name, members in groups.items()}}, use_bin_type=True)
     with atomic_write(index, overwrite, doing="write the index of the ranks' traces") as out:
         out.write(HEADER.pack(MAGIC, VERSION, len(ranks)) + BODY.pack(len(body), zlib.crc32(body)) + body)
     return index
@@ -209,7 +211,18 @@ def _checked(index: Path, world_size: int, body: Any) -> TraceIndex:
     traces = tuple(_rank_trace(index, r, entry, bad) for r, entry in enumerate(ranks))
     if len({t.path for t in traces}) != world_size:
         raise bad("it names one file for two ranks")
-    return TraceIndex(index, world_size, program, entry, traces)
+    return TraceIndex(index, world_size, program, entry, traces, _groups(body.get("groups", {}), world_size, bad))
+
+
+def _groups(groups: Any, world_size: int, bad) -> dict[str, tuple[int, ...]]:
+    """The process groups' ranks: a map of names to distinct ranks of the index, in order."""
+    if not isinstance(groups, dict) or len(groups) > MAX_COLLECTIVES:
+        raise bad(f"its groups are {shown(groups)}, not a map of names to ranks")
+    for name, members in groups.items():
+        if not _text(name) or type(members) is not list or not members or not all(
+                type(r) is int and 0 <= r < world_size for r in members) or members != sorted(set(members)):
+            raise bad(f"its group {shown(name)} is {shown(members)}, not ranks of the index in order")
+    return {name: tuple(members) for name, members in groups.items()}
 
 
 def _rank_trace(index: Path, rank: int, entry: Any, bad) -> RankTrace:

@@ -36,6 +36,7 @@ from hardware.session.breakpoints import Breakpoint
 from hardware.session.session import FunctionSpec, LaunchOptions, LineSpec, Session
 from hardware.ticks import Direction, Stop
 from hardware.torch_tensors import COLLECTIVES
+from provenance.forensics import Forensics
 
 GROUP_TIMEOUT_S = 300.0  # the gloo group's own timeout: a last safety net (the coordinator lets no rank block)
 CLOSE_GRACE_S = 1.0  # a close waits this long for the session to close (a recording to be finished)
@@ -52,6 +53,15 @@ class FencedSession(Session):
         super().__init__(on_event=on_event)
         self.fence_ops: list[str] = []
         self.fences: set[int] = set()  # the fences' breakpoint ids
+        self.reference_forensics: Forensics | None = None  # over the reference pass run with its peers' (RankForensics)
+
+    @property
+    def forensics(self) -> Forensics:
+        """Once this rank has run its reference pass with its peers' (hardware/ranks/forensics.py), the forensics over
+        it: the usual requests about the reference read that pass. Before, the Session's own (a NaN stop's evidence
+        needs no reference; the coordinator runs every rank's reference pass before any request reads one)."""
+        f = self.reference_forensics
+        return f if f is not None and f.timeline is self.tl else super().forensics
 
     def set_function_breakpoints(self, specs: Iterable[FunctionSpec]) -> list[Breakpoint]:
         user = list(specs)
@@ -85,16 +95,17 @@ class RankEngine(RankNumerics, RankForensics):  # the requests about NaN/Inf acr
         if trace:  # its bytes must be the ones its index names: hashed here, by every rank at once
             check_rank_trace(options["index"], self.rank, trace, options["bytes"], options["sha256"])
         s.launch(LaunchOptions(program=options.get("program", ""), entry=options.get("entry", "build"),
-                               driver="auto" if trace else "torch:cpu",
+                               steps=options.get("steps", 1), driver="auto" if trace else "torch:cpu",
                                budget_mb=float(options.get("budget_mb", 1024.0)),
                                stop_on_entry=True, trace=trace, record=options.get("record"),
                                overwrite=bool(options.get("overwrite"))))
         self.collectives = collectives_of(s.program, s.tl.node_tick)
-        check_point_to_point(self.collectives, self.rank, self.world_size)
+        check_point_to_point(self.collectives, self.rank, self.world_size,
+                             None if trace else dist.group.WORLD.group_name)
         s.fence_ops = sorted({s.tl.node_at(c.tick).op for c in self.collectives})
         s.set_function_breakpoints([])
         return {"collectives": [c.to_dict() for c in self.collectives], "outputs": list(s.program.outputs),
-                **self.state(None)}
+                "groups": {} if trace else _groups(self.collectives), **self.state(None)}
 
     # -- where this rank is --------------------------------------------------------------------
     def state(self, stop: Stop | None, fenced: bool = False) -> dict:
@@ -241,6 +252,21 @@ class RankEngine(RankNumerics, RankForensics):  # the requests about NaN/Inf acr
 
     def do_close(self, m: dict) -> None:
         self.session.close()
+
+
+def _groups(collectives: list[Collective]) -> dict[str, list[int]]:
+    """The ranks of each process group the collectives name (a name the model's `new_group` or DeviceMesh made, the
+    same on every rank that made the groups in the same order)."""
+    found = {}
+    for c in collectives:
+        if c.group not in found:
+            try:
+                group = dist.distributed_c10d._resolve_process_group(c.group)
+            except (RuntimeError, ValueError, KeyError) as exc:
+                raise RewindError(f"{c.describe()} names process group '{c.group}', which this rank does not know: "
+                                  f"{str(exc).strip()}") from None
+            found[c.group] = sorted(dist.get_process_group_ranks(group))
+    return found
 
 
 def _serve(engine: RankEngine, pipe: Pipe, requests: "queue.Queue[dict]") -> None:

@@ -134,7 +134,7 @@ def test_goto_puts_the_threads_rank_at_the_target_and_the_other_at_a_consistent_
 
 
 def test_what_ranks_cannot_do_yet_is_refused_in_words_and_the_session_goes_on(entry):
-    refused(entry, "compareWithReference", {}, "'compareWithReference' is not supported with ranks yet")
+    refused(entry, "ablatePrecision", {"search": True}, "'ablatePrecision' is not supported with ranks yet")
     refused(entry, "addPatch", {"name": "p", "node": "sin", "precision": "float64"},
              "'addPatch' is not supported with ranks: a patched pass runs its nodes again on one rank")
     refused(entry, "stepIn", {"threadId": 1, "targetId": 10_000}, "target 10000 is not a node still to run on "
