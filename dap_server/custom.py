@@ -1,4 +1,4 @@
-"""Rewind's own requests (documented in docs/protocol.md): checkpoints, restoreCheckpoint, locate,
+"""Rewind's own requests (documented in docs/protocol.md): checkpoints, restoreCheckpoint, collectives, locate,
 provenance, timeline, timelineEvents. Their arguments are strict: an unknown field is an error naming it."""
 
 from __future__ import annotations
@@ -40,6 +40,18 @@ def restore_checkpoint(adapter: "RequestContext", args: RestoreCheckpointArgumen
     if args.tick not in ticks:
         raise RewindError(f"no checkpoint at tick {args.tick}; checkpoints: {ticks}")
     adapter.resume(lambda: adapter.session.restore(args.tick), f"Restoring the checkpoint at tick {args.tick}")
+
+
+class CollectivesArguments(StrictArguments):
+    threadId: int | None = None  # with ranks: the rank asked; none: every rank
+
+
+@request("collectives")
+def collectives(adapter: "RequestContext", args: CollectivesArguments) -> dict:
+    """A session of many ranks answers it (dap_server/ranks.py); one process runs no collective."""
+    check_thread(adapter, args.threadId)
+    raise RewindError("'collectives' lists the collectives, sends and recvs of a session of many ranks: this "
+                      "session runs one process (launch with ranks)")
 
 
 class ValueArguments(StrictArguments):

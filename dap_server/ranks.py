@@ -396,6 +396,39 @@ def _judge_collectives(adapter: "RequestContext", rank: int, rows: list[dict]) -
                            "introduced")
 
 
+def _collectives(adapter: "RequestContext", args: Any, handler: "Handler") -> dict:
+    """Each rank's collectives, sends and recvs (the rank of `threadId`, else every rank): where it is, and each
+    one with its process group's ranks, its partners, and whether it has run (Coordinator.schedule)."""
+    adapter.require_launched()
+    coordinator = adapter.session.coordinator
+    ranks = [thread_unit(adapter, args.threadId)] if args.threadId is not None else range(coordinator.world_size)
+    return {"ranks": [_schedule(coordinator.schedule(r)) for r in ranks]}
+
+
+def _schedule(schedule: dict) -> dict:
+    waits = schedule["waits"]
+    return {"rank": schedule["rank"], "threadId": schedule["rank"] + 1, "tick": schedule["tick"],
+            "passed": schedule["passed"], "waits": waits,
+            **({"waitsReason": "it waits at no collective, send or recv"} if waits is None else {}),
+            "collectives": [{**_collective(row["collective"]), "groupRanks": row["group"],
+                             "partners": [_partner(q, m) for q, m in sorted(row["partners"].items())],
+                             "ran": row["ran"]}
+                            for row in schedule["collectives"]]}
+
+
+def _partner(rank: int, index: int | None) -> dict:
+    if index is None:
+        return {"rank": rank, "number": None, "numberReason": f"rank {rank} has none to match it"}
+    return {"rank": rank, "number": index + 1}
+
+
+def _collective(c: Any) -> dict:
+    return {"number": c.number, "tick": c.tick, "op": c.op, "description": c.describe(), "group": c.group,
+            "tensors": list(c.tensors), "details": list(c.details), "source": c.where, "node": c.node,
+            "value": c.value, "transfers": [{"direction": d, "peer": peer, "tag": tag, "tensor": spec}
+                                            for d, peer, tag, spec in c.p2p]}
+
+
 _SPECIAL: dict[str, Callable[["RequestContext", Any, "Handler"], Any]] = {
     "stackTrace": _stack_trace, "exceptionInfo": _exception_info,
     **dict.fromkeys(["scopes", "variables", "evaluate", "stepInTargets", "readMemory", "disassemble"], _forward),
@@ -409,5 +442,5 @@ _SPECIAL: dict[str, Callable[["RequestContext", Any, "Handler"], Any]] = {
     **dict.fromkeys(["addPatch", "removePatch", "restoreBranch", "measureBranch", "compareBranches"], _no_patches),
     **dict.fromkeys(["continue", "reverseContinue", "next", "stepIn", "stepOut", "stepBack"], _every_thread),
     **dict.fromkeys(["gotoTargets", "source", "loadedSources"], _stopped_rank),
-    "goto": _goto, "firstDivergence": _first_divergence,
+    "goto": _goto, "firstDivergence": _first_divergence, "collectives": _collectives,
     **dict.fromkeys(["compareWithReference", "referenceValue", "readReference"], _against_reference)}

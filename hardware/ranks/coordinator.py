@@ -341,6 +341,19 @@ class Coordinator:
     def collectives(self, rank: int) -> list[Collective]:
         return list(self.ranks[self._rank(rank)].collectives)
 
+    def schedule(self, rank: int) -> dict:
+        """Rank `rank`'s communication, as a flight recorder keeps it but for the whole program, run or not: its
+        position, and each collective, send and recv in the order it runs them, with the ranks of its process group,
+        its partners (rank -> their number; None: the rank has none to match it), and whether it has run."""
+        r = self._rank(rank)
+        state = self.ranks[r].state
+        waits = "before" if state.get("at_fence") else ("after" if state.get("at_back_fence") else None)
+        return {"rank": r, "tick": state.get("tick", 0), "passed": state.get("passed", 0), "waits": waits,
+                "collectives": [{"collective": c, "group": list(self.groups.get(c.group, range(self.world_size))),
+                                 "partners": dict(self.pairing.partners.get((r, i), [])),
+                                 "ran": i < state.get("passed", 0)}
+                                for i, c in enumerate(self.ranks[r].collectives)]}
+
     def outputs(self, rank: int) -> list[str]:
         """The names of rank `rank`'s Program outputs."""
         return list(self.ranks[self._rank(rank)].outputs)
@@ -538,7 +551,7 @@ class Coordinator:
                 parts.append(f"rank {q} reaches the end of the program after {passed[q]} collective(s)")
         how = "runs only with its partners" if forward else "is crossed back only with its partners"
         return "; ".join(parts) + f": no rank can go on (a collective, a send or a recv {how})", \
-            about if about is not None else min(waiting)
+            about if about is not None else min(waiting, default=0)
 
     @staticmethod
     def _counterpart(c: Collective, peer: int) -> str:

@@ -146,6 +146,26 @@ def test_a_rank_stepped_alone_waits_at_its_send_until_its_peer_reaches_the_recv_
     assert _frame(pipeline, 2)["line"] > RECV  # rank 1 on with what rank 0 sent
 
 
+def test_collectives_lists_each_ranks_sends_recvs_and_all_reduce_with_their_partners_and_what_ran(pipeline):
+    pipeline.motion("continue", {"threadId": 3, "singleThread": True})  # rank 2 alone, up to its first recv
+    rank2 = pipeline.request("collectives", {"threadId": 3})["ranks"]
+    assert [r["rank"] for r in rank2] == [2] and (rank2[0]["passed"], rank2[0]["waits"]) == (0, "before")
+    recv, send = rank2[0]["collectives"][:2]
+    assert (recv["op"], recv["description"], recv["transfers"], recv["partners"], recv["ran"]) == (
+        "irecv", f"irecv #1 (float32[3,8] from rank 1) at pipeline_parallel.py:{RECV}",
+        [{"direction": "recv", "peer": 1, "tag": 0, "tensor": "float32[3,8]"}], [{"rank": 1, "number": 2}], False)
+    assert (send["op"], send["partners"]) == ("isend", [{"rank": 3, "number": 1}])
+    every = pipeline.request("collectives", {})["ranks"]
+    assert [r["rank"] for r in every] == [0, 1, 2, 3] and every[0]["waitsReason"]  # rank 0 has not moved
+    energy = every[0]["collectives"][-1]
+    assert (energy["op"], energy["groupRanks"], [p["rank"] for p in energy["partners"]]) == (
+        "all_reduce", [0, 1, 2, 3], [1, 2, 3])
+    assert [p["number"] for p in energy["partners"]] == [5, 5, 3]  # each rank's own number for the same one
+    pipeline.motion("continue", {"threadId": 1})
+    assert all(c["ran"] for r in pipeline.request("collectives", {})["ranks"] for c in r["collectives"])
+    refused(pipeline, "collectives", {"threadId": 9}, "no thread 9")
+
+
 def test_going_back_across_every_send_and_recv_and_forward_again_reads_the_same_bits_on_every_rank(pipeline):
     first = _walk(pipeline, pipeline.motion("restart", {}), "next", STAGES)
     stop = pipeline.motion("continue", {"threadId": 1})
