@@ -2,7 +2,8 @@
 
 It is a DAP client like any editor (dap_server/client.py), so what it shows is what VS Code
 would. Commands read from a terminal (with history), from a script (`-x FILE`), or from a pipe;
-`--json` prints one JSON object per command for agents.
+`--json` prints one JSON object per command for agents. With ranks (`--ranks N`) every command asks the selected
+rank, as gdb's commands ask its selected thread (docs/ranks.md, "The console").
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ from typing import Any, Callable, TextIO
 
 from dap_server.client import DapClient, DapError, quiet_debugpy_log
 from dap_server.console_numerics import NumericsCommands
-from dap_server.console_result import Command, CommandError, Result
+from dap_server.console_result import Command, CommandError, Result, table
+from dap_server.frames import FRAMES_PER_THREAD
 
 HISTORY = Path.home() / ".rewind_history"
 BREAKPOINT_MODES = ("forward", "backward", "both")  # a breakpoint's `mode`, as the server takes it
 _EXISTS = re.compile(r"exists; (send|set) overwrite")  # saveTrace's answer for an existing file
 PROMPT = "(rewind) "
+ONE_PROCESS = "this session runs one process: `rank` and `ranks` are for many ranks (rewind debug model.py --ranks N)"
 JOIN_WAIT_S = 300.0  # a launch whose ranks join from other hosts: the coordinator waits 240 s for them, then says who
 NAMES = ("Names: a bare name is a variable of the selected frame, else a program value; $name is always the "
          "program value named name (a node's output, an input, a parameter), even where a function or a "
@@ -64,6 +67,9 @@ class Console(NumericsCommands):
         self._sources: dict[str, list[str]] = {}
         self.failures = 0
         self.frame = 0  # the stack frame (where's #N) print, locals, prov and locate read; #0 again after each stop
+        self.ranks = 0  # the session's ranks (docs/ranks.md); 0: it runs one process
+        self.thread = 1  # the selected thread (rank + 1) every command asks about; with ranks, each stop's own
+        self.stopped_thread = 1  # the thread the last stop is about: the rank the server answers gotoTargets for
         self.ask: Callable[[str], bool] | None = None  # a yes/no question to the user, at a terminal only
         self.recording: str | None = None  # the recording an engine left when it ended, to reopen
         # the one registry: what runs each command and what help says of it
@@ -95,6 +101,11 @@ class Console(NumericsCommands):
             Command(("up",), self.cmd_up, "up [N]", "select a caller's frame (#0 again after each stop)"),
             Command(("down",), self.cmd_down, "down [N]", "select a frame towards the node about to run"),
             Command(("frame", "f"), self.cmd_frame, "frame [N]", "select frame #N of where"),
+            Command(("rank",), self.cmd_rank, "rank [N]", "with --ranks: select rank N, whose values, stack and "
+                    "ticks the commands read and whose steps the motions take (every rank moves; each stop "
+                    "selects its rank, as gdb's thread N); without N: where the selected rank is"),
+            Command(("ranks",), self.cmd_ranks, "ranks", "with --ranks: each rank's tick, the collective, send or "
+                    "recv it waits at (or runs next), how many it has run, and who it runs with"),
             Command(("locate",), self.cmd_locate, "locate NAME", "where a value lives: chip, memory, address"),
             Command(("prov",), self.cmd_prov, "prov NAME", "who wrote a value, and its lineage"),
             Command(("checkpoints",), self.cmd_checkpoints, "checkpoints", "list the checkpoints"),
@@ -124,6 +135,7 @@ class Console(NumericsCommands):
             self.client.request("launch", launch)
         self.client.wait_for("initialized")
         self.client.request("configurationDone")
+        self.ranks = self._count_ranks()
         self._emit(f"launch {target.get('program') or target.get('trace')}", self._stopped(mark), mark=mark)
 
     def _launch_saying_how_to_join(self, launch: dict, mark: int) -> int:
@@ -145,6 +157,12 @@ class Console(NumericsCommands):
         if not response.success:
             raise DapError("launch", str(response.body))
         return mark
+
+    def _count_ranks(self) -> int:
+        """The session's ranks: its threads are `rank 0` … `rank N-1` (docs/protocol.md, "Many ranks"); 0 when it
+        runs one process (its threads are a chip's units)."""
+        names = [t["name"] for t in self.client.request("threads")["threads"]]
+        return len(names) if names and names == [f"rank {r}" for r in range(len(names))] else 0
 
     def execute(self, line: str) -> bool:
         """Run one command line; False when the console should quit."""
@@ -185,7 +203,7 @@ class Console(NumericsCommands):
     def _motion(self, command: str, arguments: dict | None = None) -> Result:
         mark = self.client.mark()
         try:
-            self.client.request(command, {"threadId": 1, **(arguments or {})})
+            self.client.request(command, {"threadId": self.thread, **(arguments or {})})
         except DapError as exc:
             if "engine ended" not in exc.message:
                 raise
@@ -197,27 +215,48 @@ class Console(NumericsCommands):
         try:
             event, stop = self.client.wait_for_any(("stopped", "terminated"), after=mark)
         except KeyboardInterrupt:
-            self.client.request("pause", {"threadId": 1})
+            self.client.request("pause", {"threadId": self.thread})
             event, stop = self.client.wait_for_any(("stopped", "terminated"), after=mark)
         if event == "terminated":
             return self._engine_ended(stop)
         self.frame = 0  # a stop shows its top frame, as a debugger does
-        position = self.client.request("timeline", {"count": 0})["position"]
-        frames = self.client.request("stackTrace", {"threadId": 1, "levels": 1})["stackFrames"]
-        frame = frames[0] if frames else {"name": "?", "line": 0}
-        path = frame.get("source", {}).get("path")
+        if self.ranks:  # and selects the rank it is about, as gdb selects the thread that stopped
+            self.thread = self.stopped_thread = stop.get("threadId", 1)
+        here, tick, frame = self._top()
         numbers = [bp.number for bp in self.breakpoints if bp.server_id in stop.get("hitBreakpointIds", [])]
-        data = {"reason": stop["reason"], "description": stop.get("description", ""), "tick": position,
-                "frame": {"name": frame["name"], "file": path, "line": frame["line"]}, "breakpoints": numbers}
-        what = stop.get("description") or stop["reason"]
-        text = f"[tick {position}] {what}: {frame['name']}"
-        if path:
-            text += f"\n  {Path(path).name}:{frame['line']}  {self._source_line(path, frame['line'])}"
+        data = {"reason": stop["reason"], "description": stop.get("description", ""), **here, "breakpoints": numbers}
+        text = f"{tick} {stop.get('description') or stop['reason']}: {frame}"
         if stop["reason"] == "exception":
-            info = self.client.request("exceptionInfo", {"threadId": 1})
+            info = self.client.request("exceptionInfo", {"threadId": self.thread})
             data["exception"] = info
             text += f"\n  {info['details']['stackTrace']}".replace("\n", "\n  ")
         return Result(text, data)
+
+    def _top(self) -> tuple[dict, str, str]:
+        """The selected thread's tick and top frame: as data, as `[tick 3]` (with ranks `[rank 1, tick 3]`: each
+        rank counts its own ticks), and as the frame's name over its source line."""
+        position = self.client.request("timeline", {"count": 0, **self._of_rank()})["position"]
+        frames = self._frames(levels=1)
+        frame = frames[0] if frames else {"name": "?", "line": 0}
+        path = frame.get("source", {}).get("path")
+        data = {**({"rank": self.thread - 1} if self.ranks else {}), "tick": position,
+                "frame": {"name": frame["name"], "file": path, "line": frame["line"]}}
+        shown = frame["name"] + (f"\n  {Path(path).name}:{frame['line']}  {self._source_line(path, frame['line'])}"
+                                 if path else "")
+        return data, f"[rank {self.thread - 1}, tick {position}]" if self.ranks else f"[tick {position}]", shown
+
+    def _frames(self, **arguments: int) -> list[dict]:
+        """The selected thread's stack (with ranks, the selected rank's)."""
+        return self.client.request("stackTrace", {"threadId": self.thread, **arguments})["stackFrames"]
+
+    def _frame_id(self, level: int | None = None) -> int:
+        """The DAP id of the selected thread's frame #level (default: the selected frame); docs/protocol.md."""
+        return (self.thread - 1) * FRAMES_PER_THREAD + (self.frame if level is None else level) + 1
+
+    def _of_rank(self) -> dict:
+        """The optional `threadId` of Rewind's requests about ticks: with ranks the selected rank's (each rank
+        counts its own ticks); one process's threads share its timeline, so none."""
+        return {"threadId": self.thread} if self.ranks else {}
 
     def cmd_continue(self, args: str) -> Result:
         return self._motion("continue")
@@ -254,7 +293,7 @@ class Console(NumericsCommands):
     def _node_forward(self) -> Result:
         """One node on, on any chip: the first of the line's step-in targets, or, on the line's last node, the
         next line (which begins at the next node)."""
-        targets = self.client.request("stepInTargets", {"frameId": 1})["targets"]
+        targets = self.client.request("stepInTargets", {"frameId": self._frame_id(0)})["targets"]
         if not targets:
             return self._motion("next")
         return self._motion("stepIn", {"targetId": targets[0]["id"]})
@@ -262,9 +301,10 @@ class Console(NumericsCommands):
     def _node_back(self) -> Result:
         """One node back, on any chip: to where the node before began (on the sim chip, inside a node: to where
         this one began), by its tick (goto's target ids are tick + 1)."""
-        position = self.client.request("timeline", {"count": 0})["position"]
+        position = self.client.request("timeline", {"count": 0, **self._of_rank()})["position"]
         try:
-            inside = self.client.request("units", {})["instruction"]  # steps of the node run so far, on the sim chip
+            # steps of the node run so far, on the sim chip
+            inside = self.client.request("units", self._of_rank())["instruction"]
         except DapError:
             inside = 0
         tick = position if inside else position - 1
@@ -283,6 +323,10 @@ class Console(NumericsCommands):
         if not parts or ":" not in parts[0]:
             raise CommandError("usage: goto FILE:LINE [N] | goto step N")
         path, line = self._file_line(parts[0])
+        if self.thread != self.stopped_thread:
+            raise CommandError(f"goto FILE:LINE goes by the ticks of rank {self.stopped_thread - 1}, the rank the last "
+                               f"stop is about (each rank counts its own): `rank {self.stopped_thread - 1}` first, or "
+                               f"step rank {self.thread - 1} (its stop is then about it)")
         targets = self.client.request("gotoTargets", {"source": {"path": path}, "line": line})["targets"]
         n = int(parts[1]) if len(parts) > 1 else 1
         if not 1 <= n <= len(targets):
@@ -290,10 +334,10 @@ class Console(NumericsCommands):
         return self._motion("goto", {"targetId": targets[n - 1]["id"]})
 
     def cmd_restore(self, args: str) -> Result:
-        if not args.isdigit():
+        if not (args.isascii() and args.isdigit()) or len(args) > 18:
             raise CommandError("usage: restore TICK (see: checkpoints)")
         mark = self.client.mark()
-        self.client.request("restoreCheckpoint", {"tick": int(args)})
+        self.client.request("restoreCheckpoint", {"tick": int(args), **self._of_rank()})
         return self._stopped(mark)
 
     # -- breakpoints ---------------------------------------------------------------------------------
@@ -356,7 +400,7 @@ class Console(NumericsCommands):
 
     def _shown_file(self) -> str:
         """The source file of the innermost frame that has one (where `break LINE` sets its breakpoint)."""
-        frames = self.client.request("stackTrace", {"threadId": 1})["stackFrames"]
+        frames = self._frames()
         path = next((f["source"]["path"] for f in frames if f.get("source", {}).get("path")), None)
         if path is None:
             raise CommandError("no source file is shown here: give the file too, break FILE:LINE")
@@ -383,18 +427,18 @@ class Console(NumericsCommands):
     def cmd_print(self, args: str) -> Result:
         if not args:
             raise CommandError("usage: print EXPR")
-        body = self.client.request("evaluate", {"expression": args, "context": "repl", "frameId": self.frame + 1})
+        body = self.client.request("evaluate", {"expression": args, "context": "repl", "frameId": self._frame_id()})
         return Result(f"{args} = {body['result']}", dict(body))
 
     def cmd_locals(self, args: str) -> Result:
-        scopes = self.client.request("scopes", {"frameId": self.frame + 1})["scopes"]
+        scopes = self.client.request("scopes", {"frameId": self._frame_id()})["scopes"]
         scope = next(s for s in scopes if s["name"] == "Locals")
         variables = self.client.request("variables", {"variablesReference": scope["variablesReference"]})["variables"]
         text = "\n".join(f"{v['name']} = {v['value']}" for v in variables) or "no source variables in this frame yet"
         return Result(text, {"locals": {v["name"]: v["value"] for v in variables}})
 
     def cmd_where(self, args: str) -> Result:
-        frames = self.client.request("stackTrace", {"threadId": 1})["stackFrames"]
+        frames = self._frames()
         lines = [("* " if i == self.frame else "  ") + self._frame_text(i, f) for i, f in enumerate(frames)]
         return Result("\n".join(lines), {"frames": frames, "selected": self.frame})
 
@@ -431,7 +475,7 @@ class Console(NumericsCommands):
         return int(args)
 
     def _select(self, level: int) -> Result:
-        frames = self.client.request("stackTrace", {"threadId": 1})["stackFrames"]
+        frames = self._frames()
         if not 0 <= level < len(frames):
             if level < 0:
                 raise CommandError("already at the innermost frame (#0): `up` goes to its callers")
@@ -443,20 +487,44 @@ class Console(NumericsCommands):
         data = {"frame": level, "name": frame["name"], "file": path, "line": frame["line"]}
         return Result(self._frame_text(level, frame), data)
 
+    def cmd_rank(self, args: str) -> Result:
+        """rank [N]: select rank N, as gdb's `thread N` selects a thread: the commands that read values, the stack or
+        ticks then ask rank N, and next, step, back and finish step it (every rank moving, through consistent cuts);
+        each stop selects the rank it is about. Without N: where the selected rank is."""
+        if not self.ranks:
+            raise CommandError(ONE_PROCESS)
+        if args:
+            if not (args.isascii() and args.isdigit()):
+                raise CommandError(f"usage: rank N, N a rank of 0..{self.ranks - 1} (got '{args[:40]}')")
+            if len(args) > 6 or int(args) >= self.ranks:
+                raise CommandError(f"no rank {args[:40]}: this session has ranks 0..{self.ranks - 1}")
+            self.thread, self.frame = int(args) + 1, 0
+        here, tick, frame = self._top()
+        return Result(f"{tick} {frame}", here)
+
+    def cmd_ranks(self, args: str) -> Result:
+        """ranks: every rank's position, from the `collectives` request (docs/protocol.md)."""
+        if args:
+            raise CommandError(f"usage: ranks, with no arguments (got '{args[:40]}'; `rank N` selects one)")
+        if not self.ranks:
+            raise CommandError(ONE_PROCESS)
+        body = self.client.request("collectives", {})
+        return Result(describe_ranks(body["ranks"], self.thread - 1), {**body, "selected": self.thread - 1})
+
     def cmd_locate(self, args: str) -> Result:
         if not args:
             raise CommandError("usage: locate NAME")
-        placement = self.client.request("locate", {"name": args, "frameId": self.frame + 1})
+        placement = self.client.request("locate", {"name": args, "frameId": self._frame_id()})
         return Result(describe_placement(args, placement), dict(placement))
 
     def cmd_prov(self, args: str) -> Result:
         if not args:
             raise CommandError("usage: prov NAME")
-        prov = self.client.request("provenance", {"name": args, "frameId": self.frame + 1, "maxHistory": 8})
+        prov = self.client.request("provenance", {"name": args, "frameId": self._frame_id(), "maxHistory": 8})
         return Result(describe_provenance(args, prov), dict(prov))
 
     def cmd_checkpoints(self, args: str) -> Result:
-        cps = self.client.request("checkpoints")["checkpoints"]
+        cps = self.client.request("checkpoints", self._of_rank())["checkpoints"]
         text = "\n".join(f"tick {c['tick']}: {c['values']} values, {c['bytes']} bytes ({c['tier']})" for c in cps)
         return Result(text or "no checkpoints", {"checkpoints": cps})
 
@@ -525,10 +593,14 @@ class Console(NumericsCommands):
         return None
 
     # -- input ---------------------------------------------------------------------------------------------
+    def prompt(self) -> str:
+        """`(rewind) `; with ranks, the selected one's: `(rewind rank 1) `."""
+        return f"(rewind rank {self.thread - 1}) " if self.ranks else PROMPT
+
     def run_script(self, path: str) -> None:
         for line in Path(path).read_text().splitlines():
             if line.strip() and not line.strip().startswith("#") and not self.json_mode:
-                print(f"{PROMPT}{line.strip()}", file=self.out, flush=True)
+                print(f"{self.prompt()}{line.strip()}", file=self.out, flush=True)
             if not self.execute(line):
                 return
 
@@ -540,7 +612,7 @@ class Console(NumericsCommands):
                 self.ask = ask_yes_no
         while True:
             try:
-                line = input(PROMPT) if tty else stdin.readline()
+                line = input(self.prompt()) if tty else stdin.readline()
                 if (not tty and not line) or not self.execute(line):
                     return
             except EOFError:
@@ -554,6 +626,43 @@ def describe_placement(name: str, placement: dict) -> str:
     return "\n".join(f"{name} ({placement['value']}): {s['dtype']}{s['shape']} in {s['space']} of {s['chip']} "
                      f"at 0x{s['address']:x}, {s['nbytes']} bytes, strides {s['strides']}, unit {s['unit']}"
                      for s in placement["shards"])
+
+
+def describe_ranks(ranks: list[dict], selected: int) -> str:
+    """Each rank's position (`ranks`), * marking the selected rank: its tick, how many collectives, sends and recvs
+    it has run, the one it waits at (else the one it runs next), and who that one runs with."""
+    ops = {r["rank"]: [c["op"] for c in r["collectives"]] for r in ranks}
+    rows = []
+    for r in ranks:
+        at, collective = _waits_at(r)
+        partners = _runs_with(collective, ops) if collective else ""
+        rows.append(["*" if r["rank"] == selected else "", str(r["rank"]), str(r["tick"]),
+                     f"{r['passed']} of {len(r['collectives'])}", at, partners])
+    return "\n".join(table(["", "rank", "tick", "ran", "at", "with"], rows, indent=""))
+
+
+def _waits_at(rank: dict) -> tuple[str, dict | None]:
+    """What a rank waits at (before its next collective, send or recv; after its last, going back), else what it
+    runs next; and that collective."""
+    run, passed = rank["collectives"], rank["passed"]
+    if rank["waits"] == "after":
+        return f"waits after {run[passed - 1]['description']}", run[passed - 1]
+    if passed == len(run):
+        return "runs on: no collective, send or recv left", None
+    waits = "waits before" if rank["waits"] == "before" else "runs on to"
+    return f"{waits} {run[passed]['description']}", run[passed]
+
+
+def _runs_with(collective: dict, ops: dict[int, list[str]]) -> str:
+    """Who a collective, send or recv runs with: a send's or recv's partner by its own number there (`rank 0's
+    isend #1`), a collective's peers in its group (`ranks 0, 2`); a rank with none to match it, said."""
+    missing = [f"rank {p['rank']} has none to match it" for p in collective["partners"] if p["number"] is None]
+    found = [p for p in collective["partners"] if p["number"] is not None]
+    if collective["transfers"]:
+        words = [f"rank {p['rank']}'s {ops[p['rank']][p['number'] - 1]} #{p['number']}" for p in found]
+    else:
+        words = [f"rank{'s' if len(found) > 1 else ''} {', '.join(str(p['rank']) for p in found)}"] if found else []
+    return "; ".join(words + missing)
 
 
 def describe_provenance(name: str, prov: dict) -> str:

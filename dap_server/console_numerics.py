@@ -21,12 +21,14 @@ _TOKEN = re.compile(r"\S+")
 
 
 class NumericsCommands(ExperimentCommands):
-    """The numerics commands of the Console (dap_server/console.py), which supplies `frame`, `breakpoints` and
-    `_motion`; `compare` without branches is the reference table, with them the experiments' comparison."""
+    """The numerics commands of the Console (dap_server/console.py), which supplies `breakpoints`, `_motion`,
+    `_frame_id` (the selected frame's) and `_of_rank` (with ranks, the selected rank's thread: each rank counts its
+    own ticks); `compare` without branches is the reference table, with them the experiments' comparison."""
 
-    frame: int
     breakpoints: list
     _motion: Callable[[str, dict | None], Result]
+    _frame_id: Callable[[], int]
+    _of_rank: Callable[[], dict]
 
     def numerics_commands(self) -> list[Command]:
         return [
@@ -57,6 +59,7 @@ class NumericsCommands(ExperimentCommands):
                 raise CommandError(f"--from and --count go with the reference table, not with branches ({COMPARE})")
             return self.compare_branches(rest)
         body = self._request("compareWithReference", {"start": options.get("from", 0), "introduced": True,
+                                                      **self._of_rank(),
                                                       **({"count": options["count"]} if "count" in options else {})})
         return Result(describe_reference_table(body), body)
 
@@ -79,13 +82,13 @@ class NumericsCommands(ExperimentCommands):
     def cmd_reference(self, args: str) -> Result:
         if len(args.split()) != 1:
             raise CommandError("usage: reference NAME (a variable of the selected frame, or $value)")
-        body = self._request("referenceValue", {"name": args.strip(), "frameId": self.frame + 1})
+        body = self._request("referenceValue", {"name": args.strip(), "frameId": self._frame_id()})
         return Result(describe_reference(args.strip(), body), body)
 
     def cmd_timeline(self, args: str) -> Result:
         rest, options = parse_options(args, "timeline [--from T] [--count N]", {"from": int, "count": int})
         _no_words("timeline [--from T] [--count N]", rest)
-        body = self._request("timelineEvents", {"start": options.get("from", 0),
+        body = self._request("timelineEvents", {"start": options.get("from", 0), **self._of_rank(),
                                                 **({"count": options["count"]} if "count" in options else {})})
         for event in body["events"]:
             if event["event"] == "stop":  # the console's own breakpoint numbers, as its stops show them
@@ -96,8 +99,8 @@ class NumericsCommands(ExperimentCommands):
         rest, options = parse_options(args, "history NAME [--max N]", {"max": int})
         if len(rest.split()) != 1:
             raise CommandError("usage: history NAME [--max N] (a variable of the program, or $value)")
-        body = self._request("writeHistory", {"name": rest, **({"maxWrites": options["max"]} if "max" in options
-                                                                else {})})
+        body = self._request("writeHistory", {"name": rest, **self._of_rank(),
+                                              **({"maxWrites": options["max"]} if "max" in options else {})})
         return Result(describe_history(rest, body), body)
 
     def cmd_diff(self, args: str) -> Result:
@@ -105,14 +108,15 @@ class NumericsCommands(ExperimentCommands):
         if len(parts) != 3 or not all(_is_tick(p) for p in parts[1:]):
             raise CommandError("usage: diff NAME TICK1 TICK2 (NAME: a variable, $value or an expression; ticks: "
                                "whole numbers)")
-        body = self._request("valueDiff", {"expression": parts[0], "ticks": [int(parts[1]), int(parts[2])]})
+        body = self._request("valueDiff", {"expression": parts[0], "ticks": [int(parts[1]), int(parts[2])],
+                                           **self._of_rank()})
         return Result(describe_diff(parts[0], body), body)
 
     def cmd_hist(self, args: str) -> Result:
         rest, options = parse_options(args, "hist NAME [--bins N]", {"bins": int})
         if not rest:
             raise CommandError("usage: hist NAME [--bins N] (NAME: a variable, $value or an expression)")
-        body = self._request("histogram", {"expression": rest, "frameId": self.frame + 1,
+        body = self._request("histogram", {"expression": rest, "frameId": self._frame_id(),
                                            **({"bins": options["bins"]} if "bins" in options else {})})
         return Result(describe_histogram(rest, body), body)
 
@@ -120,8 +124,8 @@ class NumericsCommands(ExperimentCommands):
         rest, options = parse_options(args, FIND, {"from": int, "max-ticks": int, "no-move": bool})
         if not rest:
             raise CommandError(f"usage: {FIND}")
-        body = self._request("findTick", {"expression": rest, **({"start": options["from"]} if "from" in options
-                                                                 else {}),
+        body = self._request("findTick", {"expression": rest, **self._of_rank(),
+                                          **({"start": options["from"]} if "from" in options else {}),
                                           **({"maxTicks": options["max-ticks"]} if "max-ticks" in options else {})})
         text = describe_found(rest, body)
         if body["tick"] is None or options.get("no-move"):
