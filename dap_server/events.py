@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from dap_server.context import RequestContext  # the adapter, as far as handlers use it
 
 MAIN_THREAD = 1  # DAP thread id of unit 0; unit i is thread i + 1
-OUTPUT_CATEGORIES = {"important": "important", "log": "console", "error": "stderr"}
+OUTPUT_CATEGORIES = {"important": "important", "log": "console", "error": "stderr", "stdout": "stdout"}
 
 
 class Progress:

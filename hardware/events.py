@@ -19,7 +19,8 @@ class Output:
 
     kind: ClassVar[str] = "output"
     text: str
-    level: str = "important"  # important: shown prominently; log: the session's log; error: a failure
+    level: str = "important"  # important: shown prominently; log: the session's log; error: a failure;
+    # stdout: what the program printed (a rank's, hardware/ranks/session.py)
 
 
 @dataclass(frozen=True)

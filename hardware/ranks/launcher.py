@@ -6,7 +6,8 @@ The coordinator's side is `RankLauncher`: it starts `python -m <module> --rank-l
 `serve()` with how a forked rank runs (hardware/ranks/worker.py for the Python level, dap_server/engine.py for
 ranks that also answer DAP requests), and asks it for ranks over a socket pair, handing it each rank's two pipe
 ends. The launcher reaps the ranks it forked and writes each one's exit code next to its log, so the coordinator
-can say how a rank ended.
+can say how a rank ended. A rank prints into its log, and what its program prints on stdout into a file beside it
+too, which the coordinator hands to its surface (`_Printed`).
 
 Forking is safe only before torch starts a thread pool: the launcher runs nothing on tensors big enough for torch
 to run in parallel (GNU OpenMP's threads do not survive a fork, and a child that starts a parallel region after
@@ -15,6 +16,7 @@ its parent ran one waits for them forever).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import select
@@ -37,6 +39,7 @@ from hardware.ranks.pipe import Pipe
 
 _ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding the `hardware` package
 MAX_RANKS = 64  # processes on one host
+MAX_RANK_OUTPUT = 2**20  # bytes of what a rank's program prints handed to its surface
 _MAX_REQUEST = 1 << 16
 _REAP_S = 0.1  # how often the launcher looks for ranks that have ended
 _LOG_TAIL = 2000  # characters of the launcher's output quoted when it ends early
@@ -199,6 +202,8 @@ def _be_rank(run_rank: RunRank, rank: int, request: dict, fds: list[int], server
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)
+        sys.stdout = io.TextIOWrapper(_Printed(Path(request["folder"]) / f"rank{rank}.stdout"), encoding="utf-8",
+                                      errors="replace", write_through=True)
         os.chdir(request["cwd"])
         code = run_rank(rank, int(request["world_size"]), str(request["store"]), Pipe(*mine))
     except BaseException:  # a SystemExit from the user's code included: its code is the rank's
@@ -211,6 +216,35 @@ def _be_rank(run_rank: RunRank, rank: int, request: dict, fds: list[int], server
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+class _Printed(io.RawIOBase):
+    """A rank's sys.stdout: what its program prints goes into its log, as everything the rank says does, and into a
+    file of its own (`printed`), the first MAX_RANK_OUTPUT bytes and one more, which the coordinator reads after
+    each answer of the rank and hands to its surface (the client sees a rank's prints; its log alone is quoted when
+    the rank ends). Written at once, so what was printed is there before the rank answers."""
+
+    def __init__(self, printed: Path):
+        super().__init__()
+        self._copy = os.open(printed, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+        self._left = MAX_RANK_OUTPUT + 1  # bytes still copied: the one over the limit says there were more
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        data = bytes(data)
+        _write_all(1, data)
+        if self._left:
+            copied = data[:self._left]
+            _write_all(self._copy, copied)
+            self._left -= len(copied)
+        return len(data)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
 
 
 def _reap(children: dict[int, Path], block: bool) -> None:
