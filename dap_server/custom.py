@@ -31,11 +31,12 @@ def checkpoints(adapter: "RequestContext", args: CheckpointsArguments) -> dict:
 
 class RestoreCheckpointArguments(StrictArguments):
     tick: int
+    threadId: int | None = None  # with ranks: the rank whose checkpoint (docs/ranks.md, "Many ranks"); else checked
 
 
 @request("restoreCheckpoint")
 def restore_checkpoint(adapter: "RequestContext", args: RestoreCheckpointArguments) -> None:
-    adapter.require_launched()
+    check_thread(adapter, args.threadId)
     ticks = [c["tick"] for c in adapter.session.checkpoints()]
     if args.tick not in ticks:
         raise RewindError(f"no checkpoint at tick {args.tick}; checkpoints: {ticks}")

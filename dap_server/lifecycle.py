@@ -97,7 +97,7 @@ class LaunchArguments(StrictArguments):
         if self.replicas is not None and self.ranks is None and self.trace is None:
             raise ValueError("'replicas' compares values across ranks: give 'ranks' too")
         if self.rendezvous is not None and self.trace is not None:
-            raise ValueError("a trace of ranks has no rendezvous: its ranks join no process group (drop 'rendezvous')")
+            raise ValueError("a trace of ranks has no rendezvous: its ranks meet on loopback (drop 'rendezvous')")
         if self.rendezvous is not None and self.ranks is None:
             raise ValueError("'rendezvous' is where ranks meet: give 'ranks' too")
         if self.join is not None and (self.ranks is None or self.trace is not None):

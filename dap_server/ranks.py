@@ -32,7 +32,7 @@ Answer = Callable[["RequestContext", "Arguments"], Any]
 
 # Answered by the usual handler over the RankedSession.
 USUAL = {"initialize", "launch", "attach", "configurationDone", "restart", "disconnect", "terminate", "cancel",
-         "pause", "threads"}
+         "pause", "threads", "saveTrace"}  # saveTrace: each rank's trace beside the path, the index at it
 _RANKS_OWN = ("memoryReference", "instructionPointerReference", "instructionReference", "dataId")  # name a rank's
 _RANKED = re.compile(r"rank(\d{1,6}):(.*)", re.DOTALL)
 
@@ -351,6 +351,29 @@ def _goto(adapter: "RequestContext", args: Any, handler: "Handler") -> None:
     adapter.resume(lambda: adapter.session.goto(tick, rank), f"Going to tick {tick} of rank {rank}")
 
 
+def _goto_step(adapter: "RequestContext", args: Any, handler: "Handler") -> None:
+    """gotoStep: the rank _target names (its thread, else the last stop's) to the start of its training step `step`
+    (each rank's Program is the step repeated), every other rank to the consistent cut around it; a step the run
+    does not have is refused at once, naming the rank."""
+    adapter.require_launched()
+    rank, _ = _target(adapter, args)
+    adapter.session.step_start(args.step, rank)
+    adapter.resume(lambda: adapter.session.goto_step(args.step, rank), f"Going to step {args.step} of rank {rank}")
+
+
+def _restore_checkpoint(adapter: "RequestContext", args: Any, handler: "Handler") -> None:
+    """restoreCheckpoint: the rank _target names to its checkpoint at `tick` (one its `checkpoints` lists); its peers
+    hold no checkpoint of that instant (each rank checkpoints its own Timeline), so they go to the consistent cut
+    around it, as for goto."""
+    adapter.require_launched()
+    rank, _ = _target(adapter, args)
+    ticks = [c["tick"] for c in _ask(adapter, rank, "checkpoints", {})["checkpoints"]]
+    if args.tick not in ticks:
+        raise RewindError(f"rank {rank} has no checkpoint at tick {args.tick}; its checkpoints: {ticks}")
+    adapter.resume(lambda: adapter.session.restore(args.tick, rank),
+                   f"Restoring rank {rank}'s checkpoint at tick {args.tick}")
+
+
 _NO_ORIGIN = ("not traced with ranks: tracing it runs precision ablations, which re-run nodes on one rank, and a "
               "collective among them would need its peers")
 
@@ -442,5 +465,6 @@ _SPECIAL: dict[str, Callable[["RequestContext", Any, "Handler"], Any]] = {
     **dict.fromkeys(["addPatch", "removePatch", "restoreBranch", "measureBranch", "compareBranches"], _no_patches),
     **dict.fromkeys(["continue", "reverseContinue", "next", "stepIn", "stepOut", "stepBack"], _every_thread),
     **dict.fromkeys(["gotoTargets", "source", "loadedSources"], _stopped_rank),
-    "goto": _goto, "firstDivergence": _first_divergence, "collectives": _collectives,
+    "goto": _goto, "gotoStep": _goto_step, "restoreCheckpoint": _restore_checkpoint,
+    "firstDivergence": _first_divergence, "collectives": _collectives,
     **dict.fromkeys(["compareWithReference", "referenceValue", "readReference"], _against_reference)}

@@ -33,7 +33,7 @@ def save_trace(adapter: "RequestContext", args: SaveTraceArguments) -> dict:
     try:
         with adapter.events.progress(f"Saving the trace to {path}", cancellable=False):
             return adapter.session.save_trace(path, overwrite=args.overwrite)
-    except TargetExists:
-        raise RewindError(exists_message("saveTrace", path)) from None
+    except TargetExists as exc:  # with ranks, the file that exists may be a rank's beside `path`
+        raise RewindError(exists_message("saveTrace", exc.path or path)) from None
     except RewindError as exc:
         raise RewindError(f"saveTrace: {exc}") from None

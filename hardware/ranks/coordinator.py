@@ -30,7 +30,7 @@ from hardware.errors import RewindError, echo
 from hardware.frontends.torch_train import check_steps
 from hardware.ranks import forensics, traces
 from hardware.ranks.collectives import Collective, Pairing, mismatch
-from hardware.ranks.launcher import MAX_RANKS, RANK_MODULE, RankLauncher, exit_code
+from hardware.ranks.launcher import MAX_RANK_OUTPUT, MAX_RANKS, RANK_MODULE, RankLauncher, exit_code
 from hardware.ranks.join import address_of, joined_ranks, store_beside
 from hardware.ranks.numerics import ReplicaCheck, checked_filters, explained
 from hardware.ranks.pipe import Pipe, PipeClosed
@@ -58,6 +58,8 @@ class _Rank:
     def __init__(self, rank: int, pid: int | None, pipe: Pipe, folder: Path):  # pid None: it joined
         self.rank, self.pid, self.pipe, self.folder = rank, pid, pipe, folder
         self.log = folder / f"rank{rank}.log"
+        self.printed = folder / f"rank{rank}.stdout"  # what its program prints (hardware/ranks/launcher.py)
+        self.printed_at = 0  # bytes of it handed on
         self.state: dict = {}
         self.collectives: list[Collective] = []
         self.outputs: list[str] = []  # the Program's output values
@@ -71,6 +73,26 @@ class _Rank:
             return ""
         return text[-_LOG_TAIL:]
 
+    def printed_lines(self, rest: bool = False) -> tuple[list[str], bool]:
+        """The lines its program printed since last asked: whole lines only, unless `rest` (it has ended: its last
+        line too), and whether it printed more than MAX_RANK_OUTPUT bytes, the rest of which is not handed on."""
+        if self.printed_at > MAX_RANK_OUTPUT:
+            return [], False
+        try:
+            with open(self.printed, "rb") as f:
+                f.seek(self.printed_at)
+                data = f.read(MAX_RANK_OUTPUT + 1 - self.printed_at)
+        except OSError:  # a rank that joined prints on its own host; a launch that failed early printed nothing
+            return [], False
+        over = self.printed_at + len(data) > MAX_RANK_OUTPUT
+        if not (rest or over):
+            data = data[:data.rfind(b"\n") + 1]  # a line still being printed waits for its end
+        self.printed_at += len(data)
+        lines = data[:len(data) - over].decode("utf-8", "replace").split("\n")
+        if lines[-1] == "":
+            lines.pop()
+        return [line.removesuffix("\r") for line in lines], over
+
 
 class Coordinator:
     def __init__(self, program: str | None = None, ranks: int | None = None, entry: str = "build",
@@ -78,18 +100,21 @@ class Coordinator:
                  rendezvous: str | None = None, launcher: RankLauncher | None = None,
                  on_notes: Callable[[int | None, list[str]], None] | None = None, record: str | None = None,
                  overwrite: bool = False, trace: str | None = None, replicas: list[str] | None = None,
-                 join: str | None = None, steps: int = 1):
+                 join: str | None = None, steps: int = 1,
+                 on_printed: Callable[[int, list[str]], None] | None = None):
         """Start `ranks` engines on `program` and wait until each has loaded its rank's Program (stopped at
         entry); any failure ends every rank and says which rank failed and why. `launcher`: the rank launcher
         that forks them (else one of this coordinator's own, ended with it); `on_notes` hears what a rank's
         Session said (its output), with the rank (None: the coordinator's own, what to run for ranks to join). `record`: each rank records its trace beside this path, and
         close() writes their index at it (hardware/ranks/traces.py; existing files are replaced only with
-        `overwrite`). `trace`: open the ranks of the index at this path post-mortem instead of a program: no
-        devices, no process group, every collective's result read from the traces. `replicas`: the values that must
-        stay identical on every rank (set_replicas). `join` (host:port): no rank is forked; ranks started by
-        torchrun on any host join there over TCP (hardware/ranks/join.py), and the store is served beside it.
+        `overwrite`). `trace`: open the ranks of the index at this path post-mortem instead of a program: every
+        collective's result read from the traces (their process group, on loopback, runs forensics' reference
+        passes). `replicas`: the values that must stay identical on every rank (set_replicas). `join` (host:port):
+        no rank is forked; ranks started by torchrun on any host join there over TCP (hardware/ranks/join.py), and
+        the store is served beside it.
         `steps`: a training step's entry is unrolled that many times on every rank (its collectives numbered on
-        across the steps)."""
+        across the steps). `on_printed` hears the lines a rank's program printed (its stdout), with the rank, in
+        order, after each answer of the rank and when it ends (a rank that joined prints on its own host)."""
         self.steps = _checked_steps(steps, trace)
         self.index = _opened_index(trace, program, ranks, record)  # the index of the traces this session opened
         self.world_size = self.index.world_size if self.index is not None else _checked_ranks(ranks)
@@ -99,7 +124,10 @@ class Coordinator:
         self._recording = None if record is None else (traces.record_targets(
             record, self.world_size, overwrite, {os.path.abspath(program): "the program being debugged"}), overwrite,
             os.path.abspath(program), entry)  # (index, overwrite, program, entry)
+        self.source = (self.index.program, self.index.entry) if self.index is not None else (
+            os.path.abspath(program), entry)  # (program, entry): what an index of the ranks' traces names
         self.recorded: Path | None = None  # the index close() wrote
+        self._since = time.time() - 1.0  # the ranks' recordings are written from now on (1 s: coarse file times)
         self.ranks: list[_Rank] = []
         self.last_stop: CutStop | None = None
         self.replicas: ReplicaCheck | None = None
@@ -113,10 +141,11 @@ class Coordinator:
         self._own_launcher = launcher is None
         self._launcher = launcher
         self._on_notes = on_notes
+        self._on_printed = on_printed
         try:
-            # ranks opened from traces join no process group: no rendezvous
-            self._store, address = _serve_store(rendezvous or store_beside(join), self.world_size) \
-                if self.index is None else (None, "")
+            # ranks opened from traces meet on loopback: their reference passes run the collectives (forensics)
+            self._store, address = _serve_store("127.0.0.1:0" if self.index is not None else
+                                                rendezvous or store_beside(join), self.world_size)
             if join is not None:  # ranks started elsewhere (by torchrun) join over TCP: hardware/ranks/join.py
                 say = None if on_notes is None else (lambda words: on_notes(None, [words]))  # the surface's
                 module = launcher.module if launcher is not None else RANK_MODULE
@@ -201,26 +230,82 @@ class Coordinator:
                 exit_code(rank.folder, rank.rank, 5.0)  # reaped by the launcher
             rank.pipe.close()
             rank.gone = rank.gone or "the session is closed"
-        self._store = None
-        if self._own_launcher and self._launcher is not None:
-            self._launcher.close()
-        self._launcher = None
-        shutil.rmtree(self._folder, ignore_errors=True)
+        try:
+            for rank in self.ranks:  # what each printed last, now that every one has ended
+                self._hear(rank, rest=True)
+        finally:
+            self._store = None
+            if self._own_launcher and self._launcher is not None:
+                self._launcher.close()
+            self._launcher = None
+            shutil.rmtree(self._folder, ignore_errors=True)
 
     def _finish_recording(self) -> str | None:
-        """Each rank finishes its trace (moved onto its file), then the index of them is written beside them;
-        what went wrong, in words, else None. Nothing to do without `record`, or after a launch that failed."""
+        """Each rank finishes its trace (moved onto its file), or has what it recorded adopted when its process has
+        ended (_adopt), then the index of them is written beside them; what went wrong, in words, else None. Nothing
+        to do without `record`, or after a launch that failed."""
         if self._recording is None or self.last_stop is None:
             return None
         index, overwrite, program, entry = self._recording
+        for rank in self.ranks:  # one killed since it last answered: its recording is adopted, not asked for
+            if rank.gone is None and rank.busy is None and _hung_up(rank.pipe):
+                self._gone(rank, "recording its trace")
+        gone = [rank.rank for rank in self.ranks if rank.gone is not None]
         try:
-            self._ask({r: {"op": "finish"} for r in range(self.world_size)}, max(self.timeout_s, 60.0),
-                      "finishing its trace")
+            kept = self._adopt(index, overwrite, gone)
+            self._ask({r: {"op": "finish"} for r in range(self.world_size) if r not in gone},
+                      max(self.timeout_s, 60.0), "finishing its trace")
             self.recorded = traces.write_index(index, overwrite, program, entry,
                                                [rank.collectives for rank in self.ranks], self.groups)
         except RewindError as exc:
             return f"the index of the ranks' traces was not written at {index}: {exc}"
+        if kept and self._on_notes is not None:
+            self._on_notes(None, kept)
         return None
+
+    def _adopt(self, index: Path, overwrite: bool, gone: list[int]) -> list[str]:
+        """The recordings of the ranks whose processes ended before they finished their traces, each moved onto its
+        file as it is (hardware/ranks/traces.adopt_rank_trace), every one tried; words saying where each is, or a
+        RewindError naming every rank whose recording could not be kept."""
+        kept, failed = [], []
+        for r in gone:
+            try:
+                path = traces.adopt_rank_trace(index, r, overwrite, self._since)
+            except RewindError as exc:
+                failed.append(str(exc))
+                continue
+            kept.append(f"rank {r} ended before finishing its trace: what it recorded is kept in {path} (it reads up "
+                        "to its last complete step)")
+        if failed:
+            raise RewindError("; ".join(failed))
+        return kept
+
+    def save_traces(self, path: str, overwrite: bool = False) -> dict:
+        """Every rank's recorded run saved as its own trace beside `path` (`rank_file`: run.rwtrace ->
+        run.rank0.rwtrace, …) by its Session as a single session saves one, at once, then their index written at
+        `path` (opened post-mortem with trace=path). Nothing is destroyed: the index and every rank's file are
+        checked before any rank writes (an existing file replaced only with `overwrite`; a file the session uses,
+        a link, a folder, never), and each file is written whole or not at all. A rank that cannot save leaves no
+        index. The index's path and size, and each rank's answer (its `rank`, `path`, `bytes`, `ticks`)."""
+        index = traces.record_targets(path, self.world_size, overwrite, self._files_in_use(), "write")
+        saved = self._ask({r: {"op": "save_trace", "path": str(traces.rank_file(index, r)), "overwrite": overwrite}
+                           for r in range(self.world_size)}, max(self.timeout_s, 60.0), "saving its trace")
+        traces.write_index(index, overwrite, *self.source, [rank.collectives for rank in self.ranks], self.groups)
+        return {"path": str(index), "bytes": os.path.getsize(index),
+                "ranks": [{"rank": r, **saved[r]} for r in range(self.world_size)]}
+
+    def _files_in_use(self) -> dict[str, str]:
+        """The files of the session as a whole, which a save must never replace (each rank's Session refuses its
+        own too: its program's sources, its open trace, its recording)."""
+        used = {self.source[0]: "the program being debugged"}
+        if self.index is not None:
+            used[str(self.index.path)] = "the index of the traces this session has open"
+            used.update({str(t.path): f"rank {t.rank}'s trace, which this session has open" for t in self.index.ranks})
+        if self._recording is not None:
+            used[str(self._recording[0])] = "the index this session is recording to"
+            used.update({str(traces.rank_file(self._recording[0], r)): f"rank {r}'s recording"
+                         for r in range(self.world_size)})
+        return used
 
     def __enter__(self) -> "Coordinator":
         return self
@@ -262,6 +347,7 @@ class Coordinator:
                 trouble.append(r)
                 self._gone(rank, doing)
                 continue
+            self._hear(rank)
             if reply.get("notes") and self._on_notes is not None:
                 self._on_notes(r, [str(n) for n in reply["notes"]])
             if reply.get("ok"):
@@ -299,6 +385,18 @@ class Coordinator:
         how = f"exit code {code}" if code is not None else (
             "its pipe closed" if rank.pid is not None else "its connection closed")
         rank.gone = f"ended while {doing} ({how})" + (f"; its last output:\n{said}" if said else "")
+        self._hear(rank, rest=True)
+
+    def _hear(self, rank: _Rank, rest: bool = False) -> None:
+        """Hand what rank `rank`'s program printed since last heard to `on_printed` (`rest`: it has ended)."""
+        if self._on_printed is None:
+            return
+        lines, over = rank.printed_lines(rest)
+        if lines:
+            self._on_printed(rank.rank, lines)
+        if over and self._on_notes is not None:
+            self._on_notes(rank.rank, [f"its program printed more than {MAX_RANK_OUTPUT >> 20} MiB: the rest is not "
+                                       "shown"])
 
     def _drain(self, rank: _Rank, timeout: float) -> None:
         """Read and drop the answer to what `rank` was sent; a rank that does not answer in time is busy with it."""
@@ -560,14 +658,17 @@ class Coordinator:
             return "collective of its process group"
         return "recv" if any(d == "send" and p == peer for d, p, _, _ in c.p2p) else "send"
 
-    def goto(self, tick: int, rank: int = 0) -> CutStop:
+    def goto(self, tick: int, rank: int = 0, replicas: bool = True) -> CutStop:
         """Rank `rank` to `tick`; every other rank to a consistent cut with it (the collectives it must cross first
-        crossed with their partners, in order, forward or back)."""
+        crossed with their partners, in order, forward or back). Forward, it stops at the first write of a replica
+        where the ranks differ, as a forward motion does (`replicas` False: it does not, the replicas check itself
+        putting the ranks at one)."""
         r = self._rank(rank)
         end = self.ranks[r].state["end"]
         if isinstance(tick, bool) or not isinstance(tick, int) or not 0 <= tick <= end:
             raise RewindError(f"tick {echo(str(tick))} is outside rank {r}'s program (0..{end})")
         target = sum(1 for c in self.ranks[r].collectives if c.tick < tick)
+        before = self.ticks()
         try:
             for direction in (Direction.FORWARD, Direction.REVERSE):
                 forward = direction is Direction.FORWARD
@@ -577,8 +678,12 @@ class Coordinator:
                     if blocked is not None:
                         return self._stopped(blocked)
             self._ask({r: {"op": "goto", "tick": tick}}, self.timeout_s, "going to a tick", moves=True)
+            checked = replicas and self.replicas is not None and tick > before[r]  # back, no rank moves forward
+            drift = self.replicas.check(self, before) if checked else None
         except RankTrouble as trouble:
             return self._stopped(CutStop("exception", str(trouble), trouble.rank, finding=True))
+        if drift is not None:  # a replica differs between the ranks: every rank is right after its write
+            return self._stopped(CutStop("exception", drift[0], drift[1], finding=True, exception=drift[2]))
         return self._stopped(CutStop("goto", f"rank {r} at tick {tick}", r))
 
     def _bounds(self, r: int, target: int, forward: bool) -> dict[int, int]:
@@ -773,6 +878,18 @@ def _serve_store(rendezvous: str | None, world_size: int) -> tuple[Any, str]:
     except (RuntimeError, OSError, ValueError) as exc:
         raise RewindError(f"cannot serve the ranks' rendezvous at {echo(given)}: {str(exc).strip()}") from None
     return store, f"{host}:{store.port}"
+
+
+def _hung_up(pipe: Pipe) -> bool:
+    """Has the rank at the other end of `pipe` ended (its end closed, as a process's end closes it)? Asked of a rank
+    that owes no answer, so nothing is read but the end."""
+    try:
+        pipe.receive(0.0)
+    except TimeoutError:
+        return False
+    except PipeClosed:
+        return True
+    return False
 
 
 def _kill(pid: int) -> None:

@@ -8,7 +8,8 @@ and each collective of the pass runs for real, in float64, through the ranks' gl
 hardware/ranks/collectives.py): the ranks reach their collectives in the same order, since each rank has run every
 one of its collectives with its peers already (the coordinator let them through only when they matched). A
 collective recomputed later (a value the reference's ring evicted) gives what it gave; the rank's own pass keeps its
-own Ledger, so nothing else runs a collective.
+own Ledger, so nothing else runs a collective. Ranks opened from their traces run it too: a trace holds the Program
+with its inputs and parameters, the ranks form a process group on loopback for it, and the CPU reruns their nodes.
 
 Each rank then looks for its first divergence as a single session does (provenance/forensics.py), with one rule
 for a collective: what it introduces cannot be measured on one rank (its result is made of every rank's input), so a
@@ -31,6 +32,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Protocol
 
+import torch.distributed as dist
+
 from hardware.errors import RewindError, echo
 from hardware.ranks.collectives import Ledger
 from provenance.forensics import Forensics
@@ -46,12 +49,11 @@ class Ranks(Protocol):
     """What the coordinator's part uses of the Coordinator (which imports this module)."""
 
     world_size: int
-    index: Any  # the index of the traces the ranks were opened from (None: a live run)
+    groups: dict[str, tuple[int, ...]]  # each process group's ranks, by name
 
     def ask_all(self, message: dict, doing: str) -> dict[int, Any]: ...
     def collectives(self, rank: int) -> list["Collective"]: ...
     def partners(self, rank: int, number: int) -> dict[int, int]: ...
-    def states(self) -> dict[int, dict]: ...
 
 
 # -- what a rank answers -------------------------------------------------------------------------------------
@@ -63,6 +65,18 @@ class RankForensics:
     rank: int
     session: Any  # a FencedSession (hardware/ranks/worker.py, which imports this module)
     collectives: list["Collective"]
+    ledger: Ledger  # how this rank's own pass runs its collectives
+
+    def do_collectives_run(self, m: dict) -> dict:
+        """How many of this rank's collectives its pass has run with its peers (`ran`: for real, or recorded in the
+        trace it was opened from), and the process groups other than the world's its collectives run on that this
+        rank lacks (`lacking`: a rank opened from its trace makes none, its model's build() never runs)."""
+        s = self.session
+        if s.trace_reader is None:
+            return {"ran": self.ledger.calls, "lacking": []}
+        world = dist.group.WORLD.group_name
+        return {"ran": sum(1 for c in self.collectives if c.tick < s.tl.frontier),
+                "lacking": sorted({c.group for c in self.collectives if c.group != world})}
 
     def do_reference_ready(self, m: dict) -> bool:
         """Has this rank run its reference pass of the pass it holds now?"""
@@ -73,6 +87,8 @@ class RankForensics:
         """Run this rank's reference pass anew, every collective for real with its peers' reference passes (which
         run now: the coordinator asks every rank at once); the reference's spec."""
         self.session.reference_forensics = None
+        if self.session.trace_reader is not None:
+            self._recorded_collectives()
         f = Forensics(self.session)  # a rank's launch names no reference: a driver's pass (torch:cpu:float64)
         f.collectives = Ledger(self.rank, lockstep=True).run
         f.reference  # runs the pass
@@ -98,6 +114,16 @@ class RankForensics:
         """For each of this rank's collectives, how its inputs on this rank compare with the reference."""
         f = self._reference()
         return [self._inputs(f, c) for c in self.collectives]
+
+    def _recorded_collectives(self) -> None:
+        """Forensics reruns this pass's nodes on the reference's inputs, its collectives among them: opened from its
+        trace, this rank's ledger gives each the result the trace holds, as a live rank's gives the one it recorded
+        when it ran (none runs again alone)."""
+        tl = self.session.tl
+        for c in self.collectives:
+            node = tl.node_at(c.tick)
+            if c.tick < tl.frontier and node.index not in self.ledger.recorded:
+                self.ledger.recorded[node.index] = [tl.value(name, c.tick + 1) for name in node.outputs]
 
     def _reference(self) -> Forensics:
         if not self.do_reference_ready({}):
@@ -160,17 +186,22 @@ def carried_into(ranks: Ranks, rank: int) -> dict[str, dict]:
 
 def _check_ran(ranks: Ranks) -> None:
     """The reference passes run every collective together, so each rank must have run every one of its own with its
-    peers (then they matched one by one, and the test pass needs none run again)."""
-    if ranks.index is not None:
-        raise RewindError("forensics of ranks opened from their traces is not supported: the ranks' reference pass "
-                          "runs every collective with their peers, and ranks opened from traces have no process "
-                          "group (launch the program with ranks)")
-    states = ranks.states()
-    for r in sorted(states):
+    peers (then they matched one by one, and the test pass needs none run again), live or in the recording it was
+    opened from; and each must have the process groups they run on."""
+    ran = ranks.ask_all({"op": "collectives_run"}, "counting the collectives it has run")
+    for r in sorted(ran):
+        if ran[r]["lacking"]:
+            name = ran[r]["lacking"][0]
+            members = ", ".join(str(q) for q in ranks.groups.get(name, ()))
+            raise RewindError(f"forensics of ranks opened from their traces runs the reference passes' collectives "
+                              f"on the world's process group only, and rank {r}'s collectives run on process group "
+                              f"'{name}' (ranks {members}), which ranks opened from traces do not make (their "
+                              "model's build() does not run): launch the program with ranks instead")
+    for r in sorted(ran):
         total = len(ranks.collectives(r))
-        if states[r]["calls"] < total:
+        if ran[r]["ran"] < total:
             raise RewindError(f"forensics compares each rank's whole pass with its reference: run every rank to the "
-                              f"end of its program first (rank {r} has run {states[r]['calls']} of its {total} "
+                              f"end of its program first (rank {r} has run {ran[r]['ran']} of its {total} "
                               "collective(s))")
 
 

@@ -53,7 +53,8 @@ class RankedSession:
                                        entry=options.entry, budget_mb=options.budget_mb, timeout_s=self.timeout_s,
                                        launcher=self._launcher, on_notes=self._notes, record=options.record,
                                        overwrite=options.overwrite, trace=options.trace, replicas=options.replicas,
-                                       rendezvous=options.rendezvous, join=options.join, steps=options.steps)
+                                       rendezvous=options.rendezvous, join=options.join, steps=options.steps,
+                                       on_printed=self._printed)
         self._stop_on_entry = options.stop_on_entry
         self.breakpoint_ids = BreakpointIds()  # new ranks, new breakpoints
         if self._hello is not None:
@@ -112,9 +113,32 @@ class RankedSession:
         motion = "node" if granularity == "instruction" else _STEPS[kind]
         self._emit(self._ranks().step(direction, motion, rank=unit or 0, single=single_thread))
 
-    def goto(self, tick: int, rank: int = 0) -> None:
-        """Rank `rank` to `tick`, every other rank to the consistent cut around it."""
-        self._emit(self._ranks().goto(tick, rank))
+    def goto(self, tick: int, rank: int = 0, description: str | None = None) -> None:
+        """Rank `rank` to `tick`, every other rank to the consistent cut around it; `description`: the stop's words
+        when it gets there."""
+        cut = self._ranks().goto(tick, rank)
+        if description is not None and cut.reason == "goto":
+            cut.description = description
+        self._emit(cut)
+
+    def step_start(self, step: int, rank: int) -> int:
+        """Where training step `step` (from 0) starts on rank `rank`, whose Program is the step repeated; a step the
+        run does not have is refused, naming the rank."""
+        return self._ranks().ask(rank, {"op": "step_start", "step": step}, "finding where a training step starts")
+
+    def goto_step(self, step: int, rank: int) -> None:
+        """Rank `rank` to the start of its training step `step`, every other rank to the consistent cut around it."""
+        tick = self.step_start(step, rank)
+        self.goto(tick, rank, f"rank {rank}: start of step {step} (step {step}, tick {tick})")
+
+    def restore(self, tick: int, rank: int) -> None:
+        """Rank `rank` to its checkpoint at `tick`; the other ranks hold no checkpoint of that instant (each rank
+        checkpoints its own Timeline), so they go to the consistent cut around it, as for a goto."""
+        self.goto(tick, rank, f"rank {rank}: restored its checkpoint at tick {tick}")
+
+    def save_trace(self, path: str, overwrite: bool = False) -> dict:
+        """Every rank's trace beside `path` and their index at it (Coordinator.save_traces)."""
+        return self._ranks().save_traces(path, overwrite)
 
     def crossed(self, rank: int, tick: int) -> Collective | None:
         """The first collective rank `rank` would cross going from where it is to `tick` (None: none)."""
@@ -188,6 +212,10 @@ class RankedSession:
             self.on_event(Output(f"rank {rank}: {note}\n", "log") if rank is not None
                           else Output(f"{note}\n", "important"))
 
+    def _printed(self, rank: int, lines: list[str]) -> None:
+        """What a rank's program printed, each line under its rank (as a single session's program's prints, stdout)."""
+        self.on_event(Output("".join(f"[rank {rank}] {line}\n" for line in lines), "stdout"))
+
     def _emit(self, cut: CutStop) -> None:
         self.last_stop = self._stop(cut)
         self.on_event(Stopped(cut.reason, self.last_stop.description, tuple(self.last_stop.breakpoint_ids),
@@ -248,7 +276,7 @@ def _refuse_unsupported(options: LaunchOptions) -> None:
     """What a launch with ranks cannot do yet, said before any rank starts."""
     unsupported = [(options.faults, "sim chip faults"),
                    (options.trace and options.driver != "auto", f"a driver ('{options.driver}') for a trace (a "
-                                                                "trace of many ranks opens with no device)"),
+                                                                "trace of many ranks opens on the CPU)"),
                    (options.driver not in ("auto", "torch:cpu"), f"the driver '{options.driver}' (ranks run on "
                                                                    "the CPU, with gloo)")]
     said = [words for present, words in unsupported if present]

@@ -26,8 +26,8 @@ from typing import Any, BinaryIO
 import msgpack
 
 from checkpoint.codec import shown
-from checkpoint.safe_files import atomic_write, check_target
-from checkpoint.trace import HEADER, unpacked
+from checkpoint.safe_files import atomic_write, check_target, partials_of
+from checkpoint.trace import HEADER, adopt_partial, unpacked
 from hardware.errors import RewindError, os_reason
 from hardware.ranks.collectives import Collective
 from hardware.ranks.launcher import MAX_RANKS
@@ -72,12 +72,13 @@ def rank_file(index: str | os.PathLike, rank: int) -> Path:
 
 
 # -- recording -----------------------------------------------------------------------------------------------
-def record_targets(index: str, world_size: int, overwrite: bool, in_use: dict[str, str]) -> Path:
-    """Refuse, before any rank starts, a recording that would destroy a file (checkpoint/safe_files.check_target):
-    at the index or at any rank's trace. The index's absolute path."""
-    target = Path(os.path.abspath(check_target(index, overwrite, in_use, "record to")))
+def record_targets(index: str, world_size: int, overwrite: bool, in_use: dict[str, str],
+                   doing: str = "record to") -> Path:
+    """Refuse, before any rank starts (or saves), a recording that would destroy a file
+    (checkpoint/safe_files.check_target): at the index or at any rank's trace. The index's absolute path."""
+    target = Path(os.path.abspath(check_target(index, overwrite, in_use, doing)))
     for rank in range(world_size):
-        check_target(rank_file(target, rank), overwrite, in_use, "record to")
+        check_target(rank_file(target, rank), overwrite, in_use, doing)
     return target
 
 
@@ -96,6 +97,26 @@ def write_index(index: Path, overwrite: bool, program: str, entry: str, collecti
     with atomic_write(index, overwrite, doing="write the index of the ranks' traces") as out:
         out.write(HEADER.pack(MAGIC, VERSION, len(ranks)) + BODY.pack(len(body), zlib.crc32(body)) + body)
     return index
+
+
+def adopt_rank_trace(index: Path, rank: int, overwrite: bool, since: float) -> Path:
+    """The recording of rank `rank`, whose process ended before it finished its trace, moved onto its file beside
+    the index as it is (it reads up to its last complete step: checkpoint/trace.adopt_partial), found as the one
+    temporary of a write onto that file made since `since` (the rank's own word is not needed, nor trusted); a
+    RewindError naming the rank and why otherwise."""
+    target = rank_file(index, rank)
+    found = partials_of(target, since)
+    if not found:
+        why = "it left no recording"
+    elif len(found) > 1:
+        why = f"{len(found)} temporaries of {target.name} were written meanwhile (another recording to the same file?)"
+    else:
+        try:
+            return adopt_partial(found[0], target, overwrite)
+        except RewindError as exc:  # a file the user did not allow to be replaced, what is no trace
+            why = str(exc)
+    raise RewindError(f"rank {rank} ended before finishing its trace {target.name}, and what it recorded could not be "
+                      f"kept: {why}")
 
 
 def file_digest(path: Path, what: str) -> tuple[int, str]:

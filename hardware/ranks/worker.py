@@ -91,11 +91,11 @@ class RankEngine(RankNumerics, RankForensics):  # the requests about NaN/Inf acr
     # -- launch ---------------------------------------------------------------------------------
     def launch(self, options: dict) -> dict:
         s = self.session
-        trace = options.get("trace")  # its values come from the file: no driver runs a node (nor a collective) again
+        trace = options.get("trace")  # its values come from the file; the CPU, the ranks' device, runs what it lacks
         if trace:  # its bytes must be the ones its index names: hashed here, by every rank at once
             check_rank_trace(options["index"], self.rank, trace, options["bytes"], options["sha256"])
         s.launch(LaunchOptions(program=options.get("program", ""), entry=options.get("entry", "build"),
-                               steps=options.get("steps", 1), driver="auto" if trace else "torch:cpu",
+                               steps=options.get("steps", 1), driver="torch:cpu",
                                budget_mb=float(options.get("budget_mb", 1024.0)),
                                stop_on_entry=True, trace=trace, record=options.get("record"),
                                overwrite=bool(options.get("overwrite"))))
@@ -207,6 +207,16 @@ class RankEngine(RankNumerics, RankForensics):  # the requests about NaN/Inf acr
         """The ticks a step in may go to on this rank: the nodes still to run on the outermost frame's line (which
         holds every frame's)."""
         return [int(t) for t in self.session.step_in_targets(None)]
+
+    def do_step_start(self, m: dict) -> int:
+        """The tick where training step `step` starts on this rank (its Program is the step repeated); a step the
+        run does not have is refused in the single session's words."""
+        return int(self.session.step_start(m["step"]))
+
+    def do_save_trace(self, m: dict) -> dict:
+        """This rank's recorded run saved as a trace at `path`, as a single session saves it (values the ring
+        evicted recomputed; a collective's from its recorded result, by the ledger)."""
+        return self.session.save_trace(str(m["path"]), overwrite=bool(m["overwrite"]))
 
     def do_where(self, m: dict) -> dict:
         return self.state(None)
@@ -330,8 +340,7 @@ def run_rank(engine: RankEngine, store: str, pipe: Pipe) -> int:
     first = pipe.receive()
     COLLECTIVES.set(engine.ledger.run)
     try:
-        if first.get("trace") is None:  # a rank opened from its trace joins no process group
-            _join(engine.rank, engine.world_size, store, GROUP_TIMEOUT_S)
+        _join(engine.rank, engine.world_size, store, GROUP_TIMEOUT_S)  # opened from its trace too: forensics' reference
         result = engine.launch(first)
     except RewindError as exc:
         pipe.send({"ok": False, "error": str(exc), "notes": engine.notes})

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import EXAMPLES, MODELS, fresh_module, line_of
-from tests.dap.wire import Debugger, rank_ticks, refused
+from tests.dap.wire import Debugger, Server, rank_ticks, refused
 
 pytestmark = pytest.mark.timeout(240)  # a deadlock fails the test instead of hanging the suite
 PIPELINE = EXAMPLES / "pipeline_parallel.py"
@@ -26,21 +26,6 @@ TRANSFERS = {"_c10d_functional.isend.default": "sends", "_c10d_functional.irecv.
 
 def _program(path, ranks: int, **more) -> dict:
     return {"program": str(path), "driver": "torch:cpu", "ranks": ranks, **LAUNCH, **more}
-
-
-class Server:
-    """The module's one server: `launch` relaunches it only when it runs another launch (4 ranks take seconds to
-    start), else puts every rank back on entry."""
-
-    def __init__(self, debugger: Debugger, arguments: dict):
-        self.debugger, self.arguments = debugger, arguments
-
-    def launch(self, arguments: dict) -> Debugger:
-        same, self.arguments = arguments == self.arguments, None  # a refused relaunch leaves no launch
-        stop = self.debugger.motion("restart", {} if same else {"arguments": arguments})
-        assert stop["reason"] == "entry" and stop["allThreadsStopped"]
-        self.arguments = arguments
-        return self.debugger
 
 
 @pytest.fixture(scope="module")

@@ -194,6 +194,21 @@ STATS_RE = re.compile(r"^(?P<dtype>\w+)\[(?P<shape>[\d, ]*)\] (?P<device>\S+) "
                       r"min=\S+ max=\S+ mean=\S+ nan=\d+ inf=\d+$")
 
 
+class Server:
+    """A module's one server: `launch` relaunches it only when it runs another launch (ranks take seconds to
+    start), else puts every rank back on entry."""
+
+    def __init__(self, debugger: Debugger, arguments: dict):
+        self.debugger, self.arguments = debugger, arguments
+
+    def launch(self, arguments: dict) -> Debugger:
+        same, self.arguments = arguments == self.arguments, None  # a refused relaunch leaves no launch
+        stop = self.debugger.motion("restart", {} if same else {"arguments": arguments})
+        assert stop["reason"] == "entry" and stop["allThreadsStopped"]
+        self.arguments = arguments
+        return self.debugger
+
+
 class TcpServer:
     """`python -m dap_server --port 0` in a child process; `port` is the one it printed."""
 
