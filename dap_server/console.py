@@ -19,7 +19,7 @@ from typing import Any, Callable, TextIO
 
 from dap_server.client import DapClient, DapError, quiet_debugpy_log
 from dap_server.console_numerics import NumericsCommands
-from dap_server.console_result import Command, CommandError, Result, table
+from dap_server.console_result import Command, CommandError, Result, table, whole_number
 from dap_server.frames import FRAMES_PER_THREAD
 
 HISTORY = Path.home() / ".rewind_history"
@@ -69,7 +69,6 @@ class Console(NumericsCommands):
         self.frame = 0  # the stack frame (where's #N) print, locals, prov and locate read; #0 again after each stop
         self.ranks = 0  # the session's ranks (docs/ranks.md); 0: it runs one process
         self.thread = 1  # the selected thread (rank + 1) every command asks about; with ranks, each stop's own
-        self.stopped_thread = 1  # the thread the last stop is about: the rank the server answers gotoTargets for
         self.ask: Callable[[str], bool] | None = None  # a yes/no question to the user, at a terminal only
         self.recording: str | None = None  # the recording an engine left when it ended, to reopen
         # the one registry: what runs each command and what help says of it
@@ -221,7 +220,7 @@ class Console(NumericsCommands):
             return self._engine_ended(stop)
         self.frame = 0  # a stop shows its top frame, as a debugger does
         if self.ranks:  # and selects the rank it is about, as gdb selects the thread that stopped
-            self.thread = self.stopped_thread = stop.get("threadId", 1)
+            self.thread = stop.get("threadId", 1)
         here, tick, frame = self._top()
         numbers = [bp.number for bp in self.breakpoints if bp.server_id in stop.get("hitBreakpointIds", [])]
         data = {"reason": stop["reason"], "description": stop.get("description", ""), **here, "breakpoints": numbers}
@@ -317,27 +316,22 @@ class Console(NumericsCommands):
         training step N (from 0)."""
         parts = args.split()
         if parts[:1] == ["step"]:
-            if len(parts) != 2 or not (parts[1].isascii() and parts[1].isdigit()):
-                raise CommandError(f"usage: goto step N, N a training step from 0 (got '{args[:40]}')")
-            return self._motion("gotoStep", {"step": int(parts[1])})
+            step = whole_number(" ".join(parts[1:]), "usage: goto step N, N a training step from 0")
+            return self._motion("gotoStep", {"step": step})
         if not parts or ":" not in parts[0]:
             raise CommandError("usage: goto FILE:LINE [N] | goto step N")
         path, line = self._file_line(parts[0])
-        if self.thread != self.stopped_thread:
-            raise CommandError(f"goto FILE:LINE goes by the ticks of rank {self.stopped_thread - 1}, the rank the last "
-                               f"stop is about (each rank counts its own): `rank {self.stopped_thread - 1}` first, or "
-                               f"step rank {self.thread - 1} (its stop is then about it)")
-        targets = self.client.request("gotoTargets", {"source": {"path": path}, "line": line})["targets"]
-        n = int(parts[1]) if len(parts) > 1 else 1
+        n = whole_number(" ".join(parts[1:]), "usage: goto FILE:LINE [N], N from 1", least=1) if len(parts) > 1 else 1
+        targets = self.client.request("gotoTargets", {"source": {"path": path}, "line": line,
+                                                      **self._of_rank()})["targets"]  # the selected rank's ticks
         if not 1 <= n <= len(targets):
             raise CommandError(f"{parts[0]} runs {len(targets)} time(s); pick 1..{len(targets)}")
         return self._motion("goto", {"targetId": targets[n - 1]["id"]})
 
     def cmd_restore(self, args: str) -> Result:
-        if not (args.isascii() and args.isdigit()) or len(args) > 18:
-            raise CommandError("usage: restore TICK (see: checkpoints)")
+        tick = whole_number(args, "usage: restore TICK (see: checkpoints)")
         mark = self.client.mark()
-        self.client.request("restoreCheckpoint", {"tick": int(args), **self._of_rank()})
+        self.client.request("restoreCheckpoint", {"tick": tick, **self._of_rank()})
         return self._stopped(mark)
 
     # -- breakpoints ---------------------------------------------------------------------------------
@@ -408,9 +402,7 @@ class Console(NumericsCommands):
 
     def _file_line(self, text: str) -> tuple[str, int]:
         file, _, line = text.rpartition(":")
-        if not line.isdigit():
-            raise CommandError(f"'{text}' is not FILE:LINE")
-        return self._path(file), int(line)
+        return self._path(file), whole_number(line, f"'{text[:60]}' is not FILE:LINE, LINE a line number")
 
     def _path(self, file: str) -> str:
         """A file as typed: a path from here, or the name of one of the program's sources."""
@@ -462,17 +454,11 @@ class Console(NumericsCommands):
         """frame [N]: select frame #N of `where` (without N: say which frame is selected)."""
         if not args:
             return self._select(self.frame)
-        if not (args.isascii() and args.isdigit()):
-            raise CommandError(f"usage: frame N, a frame number that `where` shows (got '{args}')")
-        return self._select(int(args))
+        return self._select(whole_number(args, "usage: frame N, a frame number that `where` shows"))
 
     @staticmethod
     def _count(command: str, args: str) -> int:
-        if not args:
-            return 1
-        if not (args.isascii() and args.isdigit()) or int(args) == 0:
-            raise CommandError(f"usage: {command} [N], N a number of frames of 1 or more (got '{args}')")
-        return int(args)
+        return whole_number(args, f"usage: {command} [N], N a number of frames of 1 or more", least=1) if args else 1
 
     def _select(self, level: int) -> Result:
         frames = self._frames()
@@ -494,11 +480,10 @@ class Console(NumericsCommands):
         if not self.ranks:
             raise CommandError(ONE_PROCESS)
         if args:
-            if not (args.isascii() and args.isdigit()):
-                raise CommandError(f"usage: rank N, N a rank of 0..{self.ranks - 1} (got '{args[:40]}')")
-            if len(args) > 6 or int(args) >= self.ranks:
-                raise CommandError(f"no rank {args[:40]}: this session has ranks 0..{self.ranks - 1}")
-            self.thread, self.frame = int(args) + 1, 0
+            rank = whole_number(args, f"usage: rank N, N a rank of 0..{self.ranks - 1}")
+            if rank >= self.ranks:
+                raise CommandError(f"no rank {rank}: this session has ranks 0..{self.ranks - 1}")
+            self.thread, self.frame = rank + 1, 0
         here, tick, frame = self._top()
         return Result(f"{tick} {frame}", here)
 

@@ -12,7 +12,7 @@ from types import ModuleType
 from typing import Callable
 
 from dap_server.client import DapClient
-from dap_server.console_result import Command, CommandError, Result, table
+from dap_server.console_result import Command, CommandError, Result, table, whole_number
 
 RUN_S = 3600.0  # installing or measuring a branch runs part of the pass (minutes on a large model): only a hang fails
 REPAIR_MARGIN_S = 60.0  # the repair loop stops itself at its time limit
@@ -160,9 +160,10 @@ def _edit(words: list[str]) -> tuple[dict, str]:
     if not match:
         raise CommandError("usage: patch edit VALUE[I,J,...] NUMBER (one element of a node's output)")
     value, index, number = match.groups()
+    at = [whole_number(i.strip(), "patch edit VALUE[I,J,...] NUMBER takes whole numbers in [I,J,...]")
+          for i in index.split(",") if i.strip()]
     try:
-        fields = {"edit": {"value": value, "index": [int(i) for i in index.split(",") if i.strip()],
-                           "set": float(number)}}
+        fields = {"edit": {"value": value, "index": at, "set": float(number)}}
     except ValueError:
         raise CommandError(f"an edit sets a number, got '{number}'") from None
     return fields, f"{value}[{','.join(map(str, fields['edit']['index']))}]"
@@ -178,9 +179,10 @@ def _from_step(words: list[str], options: dict) -> list[str]:
     if "--from-step" not in words:
         return words
     at = words.index("--from-step")
-    if at + 1 >= len(words) or not words[at + 1].isdigit() or words.count("--from-step") > 1:
-        raise CommandError("--from-step takes one step number (0 is the first step), once")
-    options["fromStep"] = int(words[at + 1])
+    usage = "--from-step takes one step number (0 is the first step), once"
+    if at + 1 >= len(words) or words.count("--from-step") > 1:
+        raise CommandError(usage)
+    options["fromStep"] = whole_number(words[at + 1], usage)
     return words[:at] + words[at + 2:]
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from dap_server.console_experiments import ExperimentCommands, comparison_text, describe_finding, ratio_text
-from dap_server.console_result import Command, CommandError, Result, table
+from dap_server.console_result import Command, CommandError, Result, table, whole_number
 
 COMPARE = "compare [--from T] [--count N] | compare BRANCH [BRANCH ...]"
 ABLATE = "ablate NODE [NODE ...] [--dtype D] | ablate --search [--dtype D] [--max-trials N]"
@@ -104,12 +104,12 @@ class NumericsCommands(ExperimentCommands):
         return Result(describe_history(rest, body), body)
 
     def cmd_diff(self, args: str) -> Result:
+        usage = "usage: diff NAME TICK1 TICK2 (NAME: a variable, $value or an expression; ticks: whole numbers)"
         parts = args.rsplit(maxsplit=2)
-        if len(parts) != 3 or not all(_is_tick(p) for p in parts[1:]):
-            raise CommandError("usage: diff NAME TICK1 TICK2 (NAME: a variable, $value or an expression; ticks: "
-                               "whole numbers)")
-        body = self._request("valueDiff", {"expression": parts[0], "ticks": [int(parts[1]), int(parts[2])],
-                                           **self._of_rank()})
+        if len(parts) != 3:
+            raise CommandError(usage)
+        ticks = [whole_number(tick, usage) for tick in parts[1:]]
+        body = self._request("valueDiff", {"expression": parts[0], "ticks": ticks, **self._of_rank()})
         return Result(describe_diff(parts[0], body), body)
 
     def cmd_hist(self, args: str) -> Result:
@@ -163,15 +163,7 @@ def parse_options(args: str, usage: str, options: dict[str, type]) -> tuple[str,
 
 
 def _option_value(option: str, text: str, kind: type) -> Any:
-    if kind is int:
-        if not _is_tick(text):
-            raise CommandError(f"{option} takes a whole number, 0 or more (got '{text[:40]}')")
-        return int(text)
-    return text
-
-
-def _is_tick(text: str) -> bool:
-    return text.isascii() and text.isdigit() and len(text) <= 18
+    return whole_number(text, f"{option} takes a whole number, 0 or more") if kind is int else text
 
 
 def _no_words(usage: str, rest: str) -> None:

@@ -12,6 +12,21 @@ class CommandError(Exception):
     """A command the console cannot run as typed."""
 
 
+MOST_DIGITS = 18  # more than any tick, line, frame, rank or count of a run has
+
+
+def whole_number(text: str, what: str, least: int = 0) -> int:
+    """`text` as a whole number of at least `least`, else a CommandError: `what` the command takes, and what it got.
+    Every number a command reads goes through it: int() alone takes other scripts' digits, signs and spaces, and
+    raises on a number of thousands of digits."""
+    digits = text.isascii() and text.isdigit()
+    if digits and len(text) > MOST_DIGITS:
+        raise CommandError(f"{what} (got a number of {len(text)} digits, more than any run has)")
+    if not digits or int(text) < least:
+        raise CommandError(f"{what} (got '{text[:40]}')")
+    return int(text)
+
+
 @dataclass
 class Result:
     text: str

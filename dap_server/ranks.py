@@ -22,6 +22,7 @@ from dap_server.sources import source_path
 from dap_server.variables import Fields, VariableTable
 from hardware.errors import RewindError, echo
 from hardware.ranks.forensics import CARRIED
+from hardware.ranks.lines import bound_where_run, only_on
 from hardware.ticks import Direction
 
 if TYPE_CHECKING:
@@ -154,7 +155,8 @@ def _target(adapter: "RequestContext", args: Any) -> tuple[int, dict]:
 
 
 def _forward(adapter: "RequestContext", args: Any, handler: "Handler") -> Any:
-    """scopes, variables, evaluate, stepInTargets, readMemory, disassemble: asked of the rank _target names."""
+    """scopes, variables, evaluate, stepInTargets, readMemory, disassemble, gotoTargets (its `threadId`, Rewind's: the
+    rank whose ticks a goto on that thread then takes): asked of the rank _target names."""
     rank, arguments = _target(adapter, args)
     return _ask(adapter, rank, handler.command, arguments)
 
@@ -170,13 +172,15 @@ def _own(adapter: "RequestContext", args: Any, handler: "Handler") -> dict:
 
 
 def _timeline_events(adapter: "RequestContext", args: Any, handler: "Handler") -> dict:
-    """timelineEvents of one rank (_own): a breakpoint's stop names the session's id of it; the rank's stops at its
-    fences (the breakpoints before its collectives, no breakpoint of the client's) are left out."""
+    """timelineEvents of one rank (_own): a breakpoint's stop names the session's id of it (in its words too); the
+    rank's stops at its fences (the breakpoints before its collectives, no breakpoint of the client's) are left out."""
     body = _own(adapter, args, handler)
     events = []
     for event in body["events"]:
         if event["event"] == "stop" and event["breakpoints"]:
-            event["breakpoints"] = adapter.session.breakpoint_ids.of(body["rank"], event["breakpoints"])
+            ids, theirs = adapter.session.breakpoint_ids, event["breakpoints"]
+            event["breakpoints"] = ids.of(body["rank"], theirs)
+            event["description"] = ids.named(body["rank"], event["description"], theirs)
             if not event["breakpoints"]:
                 continue
         events.append(event)
@@ -194,20 +198,39 @@ def _stack_trace(adapter: "RequestContext", args: Any, handler: "Handler") -> di
 # -- breakpoints -----------------------------------------------------------------------------------------------
 def _every_rank(adapter: "RequestContext", args: Any, handler: "Handler") -> dict:
     """setBreakpoints, setFunctionBreakpoints, setExceptionBreakpoints: on every rank, each binding them to its own
-    Program; a breakpoint is verified where any rank could bind it (its line and message are the first such
-    rank's), and has an id of the session's, which a stop on any rank names."""
+    Program (a line where a node runs on some ranks binds on those only, moved on none: hardware/ranks/lines.py); a
+    breakpoint is verified where any rank could bind it (its line and message are the first such rank's; a line's
+    says the ranks it is not on), and has an id of the session's, which a stop on any rank names."""
     adapter.require_launched()
-    message = {"op": "dap", "command": handler.command, "arguments": args.model_dump(exclude_unset=True)}
-    answers = adapter.session.ask_all(message, f"answering {handler.command}")
-    same = list(zip(*(answers[r]["breakpoints"] for r in sorted(answers))))
+    arguments = args.model_dump(exclude_unset=True)
+    message = {"op": "dap", "command": handler.command, "arguments": arguments}
+    answers = {r: a["breakpoints"] for r, a in adapter.session.ask_all(message, f"answering {handler.command}").items()}
+    lines = handler.command == "setBreakpoints"
+    if lines:
+        answers = bound_where_run(answers, lambda keep: _set_lines(adapter, arguments, keep))
+    same = list(zip(*(answers[r] for r in sorted(answers))))
     merged = [dict(next((bp for bp in on_ranks if bp.get("verified")), on_ranks[0])) for on_ranks in same]
+    for bp, on_ranks in zip(merged, same):
+        if lines and (said := only_on(on_ranks)) is not None:
+            bp["message"] = said
     if handler.command != "setExceptionBreakpoints":  # filters have no ids
-        group = f"lines of {source_path(args.source)}" if handler.command == "setBreakpoints" else handler.command
-        ids = adapter.session.breakpoint_ids.assign(group, [{r: bp["id"] for r, bp in enumerate(on_ranks)}
-                                                            for on_ranks in same])
+        group = f"lines of {source_path(args.source)}" if lines else handler.command
+        ids = adapter.session.breakpoint_ids.assign(group, [{r: bp["id"] for r, bp in enumerate(on_ranks)
+                                                             if bp.get("id") is not None} for on_ranks in same])
         for bp, session_id in zip(merged, ids):
             bp["id"] = session_id
     return {"breakpoints": merged}
+
+
+def _set_lines(adapter: "RequestContext", arguments: dict, keep: dict[int, list[int]]) -> dict[int, list[dict]]:
+    """setBreakpoints (its `arguments`) asked again of the ranks in `keep`, each with only the breakpoints it keeps
+    (their places in the asked list); their answers."""
+    asked = arguments.get("breakpoints")
+    asked = [{"line": n} for n in arguments.get("lines") or []] if asked is None else asked
+    rest = {k: v for k, v in arguments.items() if k != "lines"}
+    answers = adapter.session.ask_each({r: {"op": "dap", "command": "setBreakpoints", "arguments": {
+        **rest, "breakpoints": [asked[i] for i in places]}} for r, places in keep.items()}, "answering setBreakpoints")
+    return {r: a["breakpoints"] for r, a in answers.items()}
 
 
 _NAMED_BY = {"setDataBreakpoints": "dataId", "setInstructionBreakpoints": "instructionReference"}
@@ -335,8 +358,7 @@ def _one_rank(adapter: "RequestContext", args: Any, handler: "Handler") -> dict 
 
 
 def _stopped_rank(adapter: "RequestContext", args: Any, handler: "Handler") -> dict:
-    """gotoTargets, source, loadedSources: asked of the rank the last stop is about (a goto then moves its thread's
-    rank)."""
+    """source, loadedSources: asked of the rank the last stop is about."""
     rank, _ = _frame_rank(adapter, None)
     return _ask(adapter, rank, handler.command, args.model_dump(exclude_unset=True))
 
@@ -434,9 +456,13 @@ def _schedule(schedule: dict) -> dict:
             "passed": schedule["passed"], "waits": waits,
             **({"waitsReason": "it waits at no collective, send or recv"} if waits is None else {}),
             "collectives": [{**_collective(row["collective"]), "groupRanks": row["group"],
-                             "partners": [_partner(q, m) for q, m in sorted(row["partners"].items())],
+                             "partners": [_partner(q, m) for q, m in sorted(row["partners"], key=_ranked)],
                              "ran": row["ran"]}
                             for row in schedule["collectives"]]}
+
+
+def _ranked(partner: tuple[int, int | None]) -> tuple[int, int]:
+    return partner[0], -1 if partner[1] is None else partner[1]
 
 
 def _partner(rank: int, index: int | None) -> dict:
@@ -454,7 +480,8 @@ def _collective(c: Any) -> dict:
 
 _SPECIAL: dict[str, Callable[["RequestContext", Any, "Handler"], Any]] = {
     "stackTrace": _stack_trace, "exceptionInfo": _exception_info,
-    **dict.fromkeys(["scopes", "variables", "evaluate", "stepInTargets", "readMemory", "disassemble"], _forward),
+    **dict.fromkeys(["scopes", "variables", "evaluate", "stepInTargets", "readMemory", "disassemble", "gotoTargets"],
+                    _forward),
     **dict.fromkeys(["provenance", "locate", "writeHistory", "valueAt", "valueDiff", "histogram", "findTick",
                      "timeline", "checkpoints", "units", "listPatches"], _own),
     "timelineEvents": _timeline_events,
@@ -464,7 +491,7 @@ _SPECIAL: dict[str, Callable[["RequestContext", Any, "Handler"], Any]] = {
     **dict.fromkeys(["setVariable", "writeMemory"], _edit),
     **dict.fromkeys(["addPatch", "removePatch", "restoreBranch", "measureBranch", "compareBranches"], _no_patches),
     **dict.fromkeys(["continue", "reverseContinue", "next", "stepIn", "stepOut", "stepBack"], _every_thread),
-    **dict.fromkeys(["gotoTargets", "source", "loadedSources"], _stopped_rank),
+    **dict.fromkeys(["source", "loadedSources"], _stopped_rank),
     "goto": _goto, "gotoStep": _goto_step, "restoreCheckpoint": _restore_checkpoint,
     "firstDivergence": _first_divergence, "collectives": _collectives,
     **dict.fromkeys(["compareWithReference", "referenceValue", "readReference"], _against_reference)}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from dap_server.frames import thread_unit
+from dap_server.frames import check_thread, thread_unit
 from dap_server.requests import Arguments, StrictArguments, capability, request
 from dap_server.sources import SourceRef, source_path
 from hardware.errors import RewindError
@@ -128,13 +128,14 @@ class GotoTargetsArguments(Arguments):
     source: SourceRef
     line: int
     column: int | None = None
+    threadId: int | None = None  # Rewind's: with ranks the rank whose ticks (docs/ranks.md); else only checked
 
 
 @request("gotoTargets")
 @capability("supportsGotoTargetsRequest")
 def goto_targets(adapter: "RequestContext", args: GotoTargetsArguments) -> dict:
     """Every tick where the line's execution begins (a line in a loop of layers runs once per layer)."""
-    adapter.require_launched()
+    check_thread(adapter, args.threadId)
     session = adapter.session
     line, ticks = session.line_positions(source_path(args.source), adapter.engine_line(args.line))
     targets = []

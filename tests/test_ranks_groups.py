@@ -55,6 +55,10 @@ def test_a_mismatch_inside_one_group_names_its_ranks_while_the_other_group_is_fi
         states = c.states()
         assert states[2]["at_fence"] and states[3]["at_fence"] and states[2]["calls"] == states[3]["calls"] == 0
         assert c.values(3)  # alive and inspectable
+        alone = c.step(kind="node", rank=0, single=True)  # rank 0 waits at its own group's sum, with rank 1
+        assert alone.description == (f"rank 0: waits before all_reduce #1 (float32[2,4], sum) at two_groups.py:"
+                                     f"{TP_SUM}, which runs only with the ranks of its process group (rank 1): alone "
+                                     "it stays here (step every rank to run it)")
         assert c.step(Direction.REVERSE).reason == "step" and c.run(Direction.REVERSE).reason == "entry"
 
 

@@ -202,3 +202,58 @@ def test_a_send_to_itself_is_refused_at_launch(launcher, tmp_path):
     with pytest.raises(RewindError, match=r"rank 0: isend #1 \(float32\[2\] to rank 0\) at to_itself.py:7 sends to "
                                           r"itself"):
         Coordinator(str(model), 2, launcher=launcher)
+
+
+def test_a_nan_relayed_through_a_middle_stage_names_where_it_was_born_and_the_send_that_brought_it(launcher):
+    with Coordinator(str(P2P), 3, entry="relay", timeout_s=120, launcher=launcher) as c:
+        c.set_exception_filters(["nan"])
+        stops = [c.run() for _ in range(3)]
+        assert [(s.reason, s.rank) for s in stops] == [("exception", 0), ("exception", 1), ("exception", 2)]
+        assert stops[2].description.startswith(
+            f"rank 2: NaN born on rank 0 at point_to_point.py:{line_of(P2P, '# RELAY BORN')} (relayed by rank 1); "
+            f"isend at point_to_point.py:{line_of(P2P, '# RELAYS')} carried it to rank 2 (")
+        assert stops[2].exception["evidence"]["carriedBy"]["rank"] == 1
+
+
+@pytest.mark.parametrize("entry, words", [
+    ("misshapen", "batch_p2p_ops at point_to_point.py:{BATCH} has 2 op(s), 1 peer(s), 1 tag(s) and 2 tensor(s): a "
+                  "batch gives one of each per transfer"),
+    ("misnamed", "batch_p2p_ops at point_to_point.py:{BATCH} names op 'send': a batch's ops are 'isend' and "
+                 "'irecv'")])
+def test_a_batch_torch_export_lets_through_malformed_is_refused_at_launch_in_words(launcher, entry, words):
+    with pytest.raises(RewindError) as refused:
+        _planted(launcher, entry)
+    assert f"rank 0: {words.replace('{BATCH}', str(line_of(P2P, '# BATCH')))}" in str(refused.value)
+
+
+def test_a_batch_its_peer_answers_in_two_nodes_is_said_to_need_them_batched(launcher):
+    with _planted(launcher, "half_batched") as c:
+        stop = c.run()
+        assert stop.reason == "exception" and stop.description.startswith(
+            f"rank 0 calls batch_p2p_ops #1 (send float32[4] to rank 1, recv float32[4] from rank 1) at "
+            f"point_to_point.py:{line_of(P2P, '# BOTH AT ONCE')}, which rank 1 joins only in separate steps, at irecv "
+            f"#1 (float32[4] from rank 0) at point_to_point.py:{line_of(P2P, '# FIRST RECV')} and isend #2 "
+            f"(float32[4] to rank 0) at point_to_point.py:{line_of(P2P, '# THEN SEND')} (a batch runs only with "
+            "every partner waiting at once: batch rank 1's too)")
+
+
+def test_a_goto_that_meets_a_deadlock_moves_no_rank_it_does_not_need(launcher):
+    with Coordinator(str(P2P), 4, entry="beside", timeout_s=120, launcher=launcher) as c:
+        stop = c.goto(c.states()[0]["end"], 0)
+        assert stop.reason == "exception" and stop.rank == 0 and "no rank can go on" in stop.description
+        assert [s["calls"] for s in c.states().values()] == [0, 0, 0, 0]
+        assert [s["tick"] for s in c.states().values()][2:] == [0, 0]  # the pair beside stays where it was
+
+
+def test_a_batch_carries_a_nan_only_to_the_ranks_it_sends_to_and_from_the_ranks_it_receives_from(launcher):
+    born, passes = line_of(P2P, "# RING BORN"), line_of(P2P, "# PASS ON")
+    with Coordinator(str(P2P), 3, entry="ring_nan", timeout_s=120, launcher=launcher) as c:
+        c.set_exception_filters(["nan"])
+        first = c.run()
+        assert first.description.startswith(f"rank 0: NaN born on rank 0 at point_to_point.py:{born}; batch_p2p_ops "
+                                            f"at point_to_point.py:{passes} will carry it to rank 1 (")
+        stops = [c.run() for _ in range(4)]
+        on_two = next(s for s in stops if s.rank == 2)
+        assert on_two.description.startswith(f"rank 2: NaN born on rank 1 at point_to_point.py:{born}; "
+                                             f"batch_p2p_ops at point_to_point.py:{passes} carried it to rank 2 (")
+        assert [b["rank"] for b in on_two.exception["evidence"]["born"]] == [1]

@@ -109,7 +109,7 @@ def _collective(program: Program, node: Node, number: int, tick: int) -> Collect
             details.append(f"{name}={value}")
     where = f"{os.path.basename(node.loc.file)}:{node.loc.line}" if node.loc else node.name
     return Collective(number, tick, op, group, tuple(tensors), tuple(details), where, node.outputs[0], node.name,
-                      _transfers(op, bound, tensors))
+                      _transfers(op, bound, tensors, f"{op} at {where}"))
 
 
 def _spec(program: Program, ref: Ref) -> str:
@@ -117,16 +117,22 @@ def _spec(program: Program, ref: Ref) -> str:
     return f"{info.dtype}[{','.join(str(s) for s in info.shape)}]"
 
 
-def _transfers(op: str, bound: dict, tensors: list[str]) -> tuple[tuple[str, int, int, str], ...]:
+def _transfers(op: str, bound: dict, tensors: list[str], what: str) -> tuple[tuple[str, int, int, str], ...]:
     """A send's or recv's transfers: isend(tensor, dst, tag), irecv(tensor, src, tag), batch_p2p_ops(op_list,
     peer_list, tag_list, tensors)."""
     if op == "isend":
         return (("send", int(bound["dst"]), int(bound["tag"]), tensors[0]),)
     if op == "irecv":
         return (("recv", int(bound["src"]), int(bound["tag"]), tensors[0]),)
-    if op == "batch_p2p_ops":
-        return tuple((_DIRECTION[o], int(p), int(t), spec)
-                     for o, p, t, spec in zip(bound["op_list"], bound["peer_list"], bound["tag_list"], tensors))
+    if op == "batch_p2p_ops":  # torch.export checks neither the lists' lengths nor the ops' names
+        kinds, peers, tags = bound["op_list"], bound["peer_list"], bound["tag_list"]
+        if not len(kinds) == len(peers) == len(tags) == len(tensors):
+            raise RewindError(f"{what} has {len(kinds)} op(s), {len(peers)} peer(s), {len(tags)} tag(s) and "
+                              f"{len(tensors)} tensor(s): a batch gives one of each per transfer")
+        unknown = [o for o in kinds if o not in _DIRECTION]
+        if unknown:
+            raise RewindError(f"{what} names op {unknown[0]!r}: a batch's ops are 'isend' and 'irecv'")
+        return tuple((_DIRECTION[o], int(p), int(t), spec) for o, p, t, spec in zip(kinds, peers, tags, tensors))
     return ()
 
 
@@ -199,6 +205,20 @@ class Pairing:
     def group(self, rank: int, index: int) -> dict[int, int]:
         """The collective's own rank and its partners that have one matching it: rank -> index."""
         return {rank: index, **{q: m for q, m in self.partners[(rank, index)] if m is not None}}
+
+    def senders(self, collectives: dict[int, list[Collective]], rank: int, index: int) -> dict[int, int]:
+        """The partners whose data the collective brings into `rank`: every partner of a collective of a process
+        group; of a send or recv, those that send to `rank` (a batch also sends to ranks it receives nothing from)."""
+        c = collectives[rank][index]
+        return {q: m for q, m in self.group(rank, index).items() if q != rank and (
+            not c.point_to_point or any(d == "recv" and p == q for d, p, _, _ in c.p2p))}
+
+    def receivers(self, collectives: dict[int, list[Collective]], rank: int, index: int) -> dict[int, int]:
+        """The partners the collective carries `rank`'s data to: every partner of a collective of a process group;
+        of a send or recv, those `rank` sends to."""
+        c = collectives[rank][index]
+        return {q: m for q, m in self.group(rank, index).items() if q != rank and (
+            not c.point_to_point or any(d == "send" and p == q for d, p, _, _ in c.p2p))}
 
 
 def _kth(indices: list[int], k: int) -> int | None:

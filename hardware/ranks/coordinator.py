@@ -32,8 +32,10 @@ from hardware.ranks import forensics, traces
 from hardware.ranks.collectives import Collective, Pairing, mismatch
 from hardware.ranks.launcher import MAX_RANK_OUTPUT, MAX_RANKS, RANK_MODULE, RankLauncher, exit_code
 from hardware.ranks.join import address_of, joined_ranks, store_beside
+from hardware.ranks.lines import bound_where_run
 from hardware.ranks.numerics import ReplicaCheck, checked_filters, explained
 from hardware.ranks.pipe import Pipe, PipeClosed
+from hardware.session.state import LaunchOptions
 from hardware.ticks import Direction
 
 MOTIONS = ("continue", "next", "stepIn", "stepOut", "node")
@@ -101,7 +103,7 @@ class Coordinator:
                  on_notes: Callable[[int | None, list[str]], None] | None = None, record: str | None = None,
                  overwrite: bool = False, trace: str | None = None, replicas: list[str] | None = None,
                  join: str | None = None, steps: int = 1,
-                 on_printed: Callable[[int, list[str]], None] | None = None):
+                 on_printed: Callable[[int, list[str]], None] | None = None, ring: dict | None = None):
         """Start `ranks` engines on `program` and wait until each has loaded its rank's Program (stopped at
         entry); any failure ends every rank and says which rank failed and why. `launcher`: the rank launcher
         that forks them (else one of this coordinator's own, ended with it); `on_notes` hears what a rank's
@@ -114,8 +116,11 @@ class Coordinator:
         the store is served beside it.
         `steps`: a training step's entry is unrolled that many times on every rank (its collectives numbered on
         across the steps). `on_printed` hears the lines a rank's program printed (its stdout), with the rank, in
-        order, after each answer of the rank and when it ends (a rank that joined prints on its own host)."""
+        order, after each answer of the rank and when it ends (a rank that joined prints on its own host).
+        `ring`: how every rank's checkpoint ring is kept besides its budget, as LaunchOptions.ring_settings names
+        it (`{"every": 4}`: a checkpoint every 4 ticks), each rank's Session taking it as one session does."""
         self.steps = _checked_steps(steps, trace)
+        self._ring = _checked_ring(ring)
         self.index = _opened_index(trace, program, ranks, record)  # the index of the traces this session opened
         self.world_size = self.index.world_size if self.index is not None else _checked_ranks(ranks)
         self.timeout_s = _checked_seconds(timeout_s, "timeout")
@@ -176,7 +181,7 @@ class Coordinator:
         self.last_stop = CutStop("entry", "stopped on entry", None, self.ticks())
 
     def _pair(self) -> None:
-        self.pairing = Pairing.of({rank.rank: rank.collectives for rank in self.ranks}, self.groups)
+        self.pairing = Pairing.of(self._collectives(), self.groups)
 
     def partners(self, rank: int, number: int) -> dict[int, int]:
         """The collectives that run with rank `rank`'s collective #`number` (from 1): each rank's that takes part
@@ -184,9 +189,21 @@ class Coordinator:
         peer's recv or send for a send or recv)."""
         return {q: m + 1 for q, m in self.pairing.group(rank, number - 1).items()}
 
+    def senders(self, rank: int, number: int) -> dict[int, int]:
+        """The partners whose data rank `rank`'s collective #`number` brings in (a send's or batch's: the ranks that
+        send to it), each with its number there."""
+        return {q: m + 1 for q, m in self.pairing.senders(self._collectives(), rank, number - 1).items()}
+
+    def receivers(self, rank: int, number: int) -> dict[int, int]:
+        """The partners rank `rank`'s collective #`number` carries its data to, each with its number there."""
+        return {q: m + 1 for q, m in self.pairing.receivers(self._collectives(), rank, number - 1).items()}
+
+    def _collectives(self) -> dict[int, list[Collective]]:
+        return {rank.rank: rank.collectives for rank in self.ranks}
+
     def _launch_message(self, rank: int, program: str | None, entry: str, budget_mb: float) -> dict:
         """What rank `rank` loads: its trace, or the program (recording its trace beside the index)."""
-        message = {"op": "launch", "entry": entry, "budget_mb": budget_mb, "steps": self.steps}
+        message = {"op": "launch", "entry": entry, "budget_mb": budget_mb, "ring": self._ring, "steps": self.steps}
         if self.index is not None:  # the rank checks its file's bytes are the index's (every rank at once)
             mine = self.index.ranks[rank]
             return {**message, "trace": str(mine.path), "index": str(self.index.path), "bytes": mine.size,
@@ -442,13 +459,13 @@ class Coordinator:
     def schedule(self, rank: int) -> dict:
         """Rank `rank`'s communication, as a flight recorder keeps it but for the whole program, run or not: its
         position, and each collective, send and recv in the order it runs them, with the ranks of its process group,
-        its partners (rank -> their number; None: the rank has none to match it), and whether it has run."""
+        its partners ((rank, its index there), index None: the rank has none to match it), and whether it has run."""
         r = self._rank(rank)
         state = self.ranks[r].state
         waits = "before" if state.get("at_fence") else ("after" if state.get("at_back_fence") else None)
         return {"rank": r, "tick": state.get("tick", 0), "passed": state.get("passed", 0), "waits": waits,
                 "collectives": [{"collective": c, "group": list(self.groups.get(c.group, range(self.world_size))),
-                                 "partners": dict(self.pairing.partners.get((r, i), [])),
+                                 "partners": list(self.pairing.partners.get((r, i), [])),
                                  "ran": i < state.get("passed", 0)}
                                 for i, c in enumerate(self.ranks[r].collectives)]}
 
@@ -513,8 +530,10 @@ class Coordinator:
     def _stays(self, rank: _Rank, forward: bool) -> str:
         passed, collectives = rank.state["passed"], rank.collectives
         c = collectives[passed] if forward else collectives[passed - 1]
-        peers = sorted(q for q in self.partners(rank.rank, c.number) if q != rank.rank)
-        who = "every rank" if not c.point_to_point else ", ".join(f"rank {q}" for q in peers)
+        peers = sorted({q for q, _ in self.pairing.partners.get((rank.rank, c.number - 1), [])})
+        who = ", ".join(f"rank {q}" for q in peers)
+        if not c.point_to_point:
+            who = "every rank" if len(peers) == self.world_size - 1 else f"the ranks of its process group ({who})"
         if forward:
             return (f"waits before {c.describe()}, which runs only with {who}: alone it stays here (step every rank "
                     "to run it)")
@@ -629,27 +648,41 @@ class Coordinator:
             found = mismatch(nxt, passed)  # collectives of the process group only: each side, in its words
             if found is not None:
                 return found
-        parts, about = [], None
+        parts, about, missing = [], None, set()
         for r, i in sorted(waiting.items()):
             c = self.ranks[r].collectives[i]
             unmet = []
-            for q, m in self.pairing.partners[(r, i)]:
-                if waiting.get(q) == m:
+            for q, ms in self._by_rank(self.pairing.partners[(r, i)]).items():
+                if ms == [waiting.get(q)] and ms != [None]:
                     continue
                 about = r if about is None else about
-                if m is None:
+                others = [self.ranks[q].collectives[m].describe() for m in ms if m is not None]
+                if None in ms:
+                    missing.add(q)
                     unmet.append(f"and rank {q} has no {self._counterpart(c, q)} to match it")
+                elif len(others) > 1:  # a batch whose peer runs its matching sends and recvs one after the other
+                    unmet.append(f"which rank {q} joins only in separate steps, at {' and '.join(others)} (a batch "
+                                 f"runs only with every partner waiting at once: batch rank {q}'s too)")
                 else:
-                    other = self.ranks[q].collectives[m]
-                    unmet.append(f"which rank {q} joins only {'later, ' if forward else ''}at {other.describe()}")
+                    unmet.append(f"which rank {q} joins only {'later, ' if forward else ''}at {others[0]}")
             verb = "calls" if forward else "waits after"
             parts.append(", ".join([f"rank {r} {verb} {c.describe()}"] + unmet))
-        for q in sorted(set(passed) - set(waiting)):
-            if forward:
+        for q in sorted(missing - set(waiting)):
+            if forward and passed[q] >= len(self.ranks[q].collectives):
                 parts.append(f"rank {q} reaches the end of the program after {passed[q]} collective(s)")
         how = "runs only with its partners" if forward else "is crossed back only with its partners"
         return "; ".join(parts) + f": no rank can go on (a collective, a send or a recv {how})", \
             about if about is not None else min(waiting, default=0)
+
+    @staticmethod
+    def _by_rank(partners: list[tuple[int, int | None]]) -> dict[int, list[int | None]]:
+        """A collective's partners by rank: each rank's matching collectives (several for a batch whose peer sends
+        and receives in separate nodes)."""
+        found: dict[int, list[int | None]] = {}
+        for q, m in partners:
+            if m not in found.setdefault(q, []):
+                found[q].append(m)
+        return found
 
     @staticmethod
     def _counterpart(c: Collective, peer: int) -> str:
@@ -713,7 +746,7 @@ class Coordinator:
         """Every rank with a collective to cross (forward: up to `bound`) or to cross back (back: down to `bound`;
         None: any) to it: before its next one, or right after its last one; then every collective whose partners
         all wait at theirs is crossed by them together. A mismatch, or ranks all waiting for one another, stops
-        short, before any rank runs one (worded with every rank brought to its next one)."""
+        short, before any rank runs one (worded with the ranks brought to their next one)."""
         forward = direction is Direction.FORWARD
         where = {}
         for rank in self.ranks:
@@ -731,9 +764,7 @@ class Coordinator:
                    if s["at_fence" if forward else "at_back_fence"] and r in where}
         found = self._disagree(waiting) if forward else None
         ready = self.pairing.ready(waiting) if found is None else {}
-        if found is None and not ready and bound is not None:
-            return self._cross(direction)  # a partner out of bounds: every rank to its next one, to say why
-        if found is None and not ready:
+        if found is None and not ready:  # bounded, every rank the target needs waits here: none other is moved
             found = self._stuck(waiting, forward)
         if found is not None:
             return CutStop("exception", found[0], found[1], finding=True)
@@ -749,9 +780,13 @@ class Coordinator:
 
     # -- breakpoints, exception filters, replicas, and inspection per rank ----------------------------------------
     def set_line_breakpoints(self, file: str, lines: list[int]) -> dict[int, list[dict]]:
-        """Line breakpoints in `file` on every rank (each rank binds them to its own Program)."""
+        """Line breakpoints in `file` on every rank (each rank binds them to its own Program; a line where a node runs
+        on some ranks binds on those only, moved on none: hardware/ranks/lines.py)."""
         message = {"op": "breakpoints", "file": str(file), "lines": [int(x) for x in lines]}
-        return self._ask({r: message for r in range(self.world_size)}, self.timeout_s, "setting breakpoints")
+        return bound_where_run(
+            self._ask({r: message for r in range(self.world_size)}, self.timeout_s, "setting breakpoints"),
+            lambda keep: self._ask({r: {**message, "lines": [message["lines"][i] for i in places]}
+                                    for r, places in keep.items()}, self.timeout_s, "setting breakpoints"))
 
     def set_exception_filters(self, filters: list[str]) -> None:
         """The exception filters (nan, inf, …) every rank's motions stop on; a NaN/Inf a collective carried from a
@@ -858,6 +893,18 @@ def _checked_steps(steps: Any, trace: str | None) -> int:
         raise RewindError(f"a trace of many ranks holds the training steps it recorded: open it without steps "
                           f"(got {steps})")
     return steps
+
+
+def _checked_ring(ring: Any) -> dict:
+    """The ring settings the ranks take: LaunchOptions' own names only (their values as a launch's: the surface that
+    made them checks them, as DAP's launch arguments do)."""
+    known = LaunchOptions().ring_settings()
+    if ring is None:
+        return {}
+    if not isinstance(ring, dict) or not set(ring) <= set(known):
+        raise RewindError(f"ring is a dict of the checkpoint ring's settings ({', '.join(known)}); got "
+                          f"{echo(repr(ring))}")
+    return dict(ring)
 
 
 def _checked_seconds(value: Any, what: str) -> float:

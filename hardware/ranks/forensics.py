@@ -54,6 +54,7 @@ class Ranks(Protocol):
     def ask_all(self, message: dict, doing: str) -> dict[int, Any]: ...
     def collectives(self, rank: int) -> list["Collective"]: ...
     def partners(self, rank: int, number: int) -> dict[int, int]: ...
+    def senders(self, rank: int, number: int) -> dict[int, int]: ...
 
 
 # -- what a rank answers -------------------------------------------------------------------------------------
@@ -223,7 +224,7 @@ def _carried(ranks: Ranks, r: int, number: int, inputs: dict[int, list[dict]]) -
     """`carriedBy` of rank `r`'s collective #`number`, from each rank's inputs to its collectives (by rank), or null
     with `carriedByReason`."""
     c = ranks.collectives(r)[number - 1]
-    group = ranks.partners(r, number)  # the collective on each rank that takes part (a send's recv): its number
+    group = {r: number, **ranks.senders(r, number)}  # each rank's collective that brings data in: its number
     compared = [{"rank": p, **inputs[p][n - 1]} for p, n in sorted(group.items()) if p in inputs]
     beyond = [i["rank"] for i in compared if not i["within"]]
     if not beyond:

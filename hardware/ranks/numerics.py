@@ -58,6 +58,8 @@ class Ranks(Protocol):
     def ask_all(self, message: dict, doing: str) -> dict[int, Any]: ...
     def collectives(self, rank: int) -> list["Collective"]: ...
     def partners(self, rank: int, number: int) -> dict[int, int]: ...
+    def senders(self, rank: int, number: int) -> dict[int, int]: ...
+    def receivers(self, rank: int, number: int) -> dict[int, int]: ...
     def ticks(self) -> dict[int, int]: ...
     def goto(self, tick: int, rank: int = 0, replicas: bool = True) -> Any: ...
     def tensor(self, rank: int, name: str) -> dict: ...
@@ -259,11 +261,15 @@ def _carried(coordinator: Ranks, rank: int, facts: dict, replies: dict[int, dict
     to = sorted(r for r, n in group.items() if r in replies
                 and (replies[r]["stop"].get("exception") or {}).get("collective") == n
                 and replies[r]["stop"]["exception"]["filter"] == kind)
-    sources = _births(coordinator, {r: n for r, n in group.items() if r not in to}, kind, set())
+    senders = {q: n for q, n in coordinator.senders(rank, number).items() if q not in to}
+    sources, sender = {}, None  # where it was born, by rank; the first sender whose input carried it
+    for q, n in sorted(senders.items()):
+        found = _births(coordinator, {q: n}, kind, set())
+        sender = q if found and sender is None else sender
+        sources.update(found)
     c = coordinator.collectives(rank)[number - 1]
     if c.point_to_point and sources:  # a recv: the send that carried it is named, on its rank
-        sender = min(sources)
-        c = coordinator.collectives(sender)[group[sender] - 1]
+        c = coordinator.collectives(sender)[senders[sender] - 1]
     carried = {"collective": c.op, "number": c.number, "node": c.node, "source": c.where}
     if not sources:
         words = f"made by {c.op} at {c.where} itself on {ranks_text(to)}: no rank's input to it carried one"
@@ -291,8 +297,7 @@ def _births(coordinator: Ranks, peers: dict[int, int], kind: str, seen: set[tupl
             continue
         earlier = b.pop("collective", None)
         if earlier is not None and (r, earlier) not in seen:
-            deeper = _births(coordinator, {q: m for q, m in coordinator.partners(r, earlier).items() if q != r}, kind,
-                             seen | {(r, earlier)})
+            deeper = _births(coordinator, coordinator.senders(r, earlier), kind, seen | {(r, earlier)})
             if deeper:
                 found.update({q: {**d, "relayedBy": d.get("relayedBy", r)} for q, d in deeper.items()})
                 continue
@@ -304,7 +309,7 @@ def _next_carrier(coordinator: Ranks, rank: int, facts: dict) -> tuple[str, dict
     if facts["next"] is None:
         return None
     c = coordinator.collectives(rank)[facts["next"] - 1]
-    peers = sorted(r for r in coordinator.partners(rank, c.number) if r != rank)
+    peers = sorted(coordinator.receivers(rank, c.number))
     words = f"born on rank {rank} at {short(facts['source'])}; {c.op} at {c.where} will carry it to {ranks_text(peers)}"
     carried = {"collective": c.op, "number": c.number, "node": c.node, "source": c.where}
     found = {"born": [{"rank": rank, "tick": facts["tick"], "node": facts["node"], "op": facts["op"],

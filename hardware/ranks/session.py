@@ -10,6 +10,7 @@ with a Session of its own.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 from hardware.errors import RewindError
@@ -54,7 +55,7 @@ class RankedSession:
                                        launcher=self._launcher, on_notes=self._notes, record=options.record,
                                        overwrite=options.overwrite, trace=options.trace, replicas=options.replicas,
                                        rendezvous=options.rendezvous, join=options.join, steps=options.steps,
-                                       on_printed=self._printed)
+                                       on_printed=self._printed, ring=options.ring_settings())
         self._stop_on_entry = options.stop_on_entry
         self.breakpoint_ids = BreakpointIds()  # new ranks, new breakpoints
         if self._hello is not None:
@@ -226,7 +227,8 @@ class RankedSession:
         position (a finding's words say them already)."""
         rank = cut.rank if cut.rank is not None else 0
         where = ", ".join(f"rank {r} at tick {t}" for r, t in sorted(cut.ticks.items()))
-        description = cut.description if cut.finding else f"{cut.description} ({where})"
+        said = self.breakpoint_ids.named(rank, cut.description, cut.breakpoints)
+        description = said if cut.finding else f"{said} ({where})"
         exception = (exception_details(cut.exception) if cut.exception is not None  # a NaN/Inf across ranks, replicas
                      else self._finding(cut, description) if cut.finding else None)
         return Stop(cut.reason, Tick(cut.ticks.get(rank, 0)), description,
@@ -270,6 +272,15 @@ class BreakpointIds:
         """The session's ids of breakpoints rank `rank` stopped at, by its own ids."""
         found = [table.get((rank, bp)) for bp in theirs for table in self._groups.values()]
         return [i for i in found if i is not None]
+
+    def named(self, rank: int, words: str, theirs: list[int]) -> str:
+        """Rank `rank`'s words about the breakpoints it stopped at (hardware/session/breakpoints.py's: `breakpoint 3
+        at model.py:41`, by its own ids `theirs`), each breakpoint named by the session's id instead."""
+        ours = {str(bp): self.of(rank, [bp]) for bp in theirs}
+        return _NUMBERED.sub(lambda m: f"breakpoint {ours[m[1]][0]}" if ours.get(m[1]) else m[0], words)
+
+
+_NUMBERED = re.compile(r"\bbreakpoint (\d+)\b")  # how a Session's stop names a breakpoint it stopped at
 
 
 def _refuse_unsupported(options: LaunchOptions) -> None:

@@ -66,6 +66,8 @@ class FencedSession(Session):
     def set_function_breakpoints(self, specs: Iterable[FunctionSpec]) -> list[Breakpoint]:
         user = list(specs)
         bps = super().set_function_breakpoints(user + [FunctionSpec(op, mode="both") for op in self.fence_ops])
+        for fence in bps[len(user):]:
+            fence.shown = False  # the client never set it: a stop at it and at one of theirs names only theirs
         self.fences = {bp.id for bp in bps[len(user):]}
         return bps[:len(user)]
 
@@ -96,7 +98,7 @@ class RankEngine(RankNumerics, RankForensics):  # the requests about NaN/Inf acr
             check_rank_trace(options["index"], self.rank, trace, options["bytes"], options["sha256"])
         s.launch(LaunchOptions(program=options.get("program", ""), entry=options.get("entry", "build"),
                                steps=options.get("steps", 1), driver="torch:cpu",
-                               budget_mb=float(options.get("budget_mb", 1024.0)),
+                               budget_mb=float(options.get("budget_mb", 1024.0)), **options.get("ring", {}),
                                stop_on_entry=True, trace=trace, record=options.get("record"),
                                overwrite=bool(options.get("overwrite"))))
         self.collectives = collectives_of(s.program, s.tl.node_tick)

@@ -52,6 +52,7 @@ class Breakpoint:
     mode: str | None = None  # forward, backward, both (see the module docstring); None: the launch's
     verified: bool = True
     message: str | None = None
+    shown: bool = True  # False: a surface's own (a rank's fence), left out of a stop's words and reason
     _cond_cache: dict[int, bool] = field(default_factory=dict, repr=False)
 
     def accepts_hits(self, hits: int) -> bool:
@@ -427,10 +428,13 @@ class BreakpointTable:
 
 
 def _stop(q: int, hit: list[Breakpoint], mode_of: Callable[[Breakpoint], str]) -> Stop:
-    kinds = {bp.kind for bp in hit}
+    """The stop of breakpoints that hold at q: named by every one's id, said in the words of those shown (of all,
+    when none is)."""
+    said = [bp for bp in hit if bp.shown] or hit
+    kinds = {bp.kind for bp in said}
     reason = "data breakpoint" if kinds == {"data"} else (
         "function breakpoint" if kinds == {"function"} else "breakpoint")
-    return Stop(reason, q, ", ".join(_describe(bp, mode_of(bp)) for bp in hit), [bp.id for bp in hit])
+    return Stop(reason, q, ", ".join(_describe(bp, mode_of(bp)) for bp in said), [bp.id for bp in hit])
 
 
 def _describe(bp: Breakpoint, mode: str) -> str:

@@ -55,6 +55,12 @@ class LaunchOptions:
         defaults = {"seed": 0, "schedule": "round-robin", "faults": []}
         return {k: v for k, v in chosen.items() if v != defaults[k]}
 
+    def ring_settings(self) -> dict:
+        """How the checkpoint ring is kept besides its budget: what a session of many ranks hands every rank's
+        Session with the budget (hardware/ranks/coordinator.py), so each rank's ring is kept as one session's is."""
+        return {"every": self.every, "host_mb": self.host_mb, "disk_mb": self.disk_mb, "spill_dir": self.spill_dir,
+                "check_batch": self.check_batch, "device_pool": self.device_pool}
+
 
 def after_write(stop: Stop) -> bool:
     """Is `stop` right after a write it was made for (a data breakpoint, a NaN, an Inf, a divergence)?"""
