@@ -13,7 +13,9 @@ every rank's position instead of a deadlock.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import shutil
 import signal
 import tempfile
@@ -26,7 +28,7 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-from hardware.errors import RewindError, echo
+from hardware.errors import RewindError, echo, os_reason
 from hardware.frontends.torch_train import check_steps
 from hardware.ranks import forensics, traces
 from hardware.ranks.collectives import Collective, Pairing, mismatch
@@ -65,6 +67,7 @@ class _Rank:
         self.state: dict = {}
         self.collectives: list[Collective] = []
         self.outputs: list[str] = []  # the Program's output values
+        self.partial: str | None = None  # the temporary it records its trace to (None: not recording)
         self.busy: str | None = None  # the request it has not answered in time
         self.gone: str | None = None  # why it can answer nothing more
 
@@ -132,7 +135,6 @@ class Coordinator:
         self.source = (self.index.program, self.index.entry) if self.index is not None else (
             os.path.abspath(program), entry)  # (program, entry): what an index of the ranks' traces names
         self.recorded: Path | None = None  # the index close() wrote
-        self._since = time.time() - 1.0  # the ranks' recordings are written from now on (1 s: coarse file times)
         self.ranks: list[_Rank] = []
         self.last_stop: CutStop | None = None
         self.replicas: ReplicaCheck | None = None
@@ -169,6 +171,7 @@ class Coordinator:
                 if self.index is not None:
                     traces.check_agrees(self.index, rank.rank, rank.collectives)
                 rank.outputs = reply.pop("outputs")
+                rank.partial = reply.pop("partial")
                 self.groups.update({name: tuple(members) for name, members in reply.pop("groups").items()})
                 rank.state = reply
             if self.index is not None:
@@ -270,8 +273,14 @@ class Coordinator:
         gone = [rank.rank for rank in self.ranks if rank.gone is not None]
         try:
             kept = self._adopt(index, overwrite, gone)
-            self._ask({r: {"op": "finish"} for r in range(self.world_size) if r not in gone},
-                      max(self.timeout_s, 60.0), "finishing its trace")
+            try:
+                self._ask({r: {"op": "finish"} for r in range(self.world_size) if r not in gone},
+                          max(self.timeout_s, 60.0), "finishing its trace")
+            except RankTrouble:  # a rank that ended meanwhile (the others have finished): adopted as well
+                late = [rank.rank for rank in self.ranks if rank.gone is not None and rank.rank not in gone]
+                if not late:
+                    raise
+                kept += self._adopt(index, overwrite, late)
             self.recorded = traces.write_index(index, overwrite, program, entry,
                                                [rank.collectives for rank in self.ranks], self.groups)
         except RewindError as exc:
@@ -287,7 +296,7 @@ class Coordinator:
         kept, failed = [], []
         for r in gone:
             try:
-                path = traces.adopt_rank_trace(index, r, overwrite, self._since)
+                path = traces.adopt_rank_trace(index, r, overwrite, self.ranks[r].partial)
             except RewindError as exc:
                 failed.append(str(exc))
                 continue
@@ -302,14 +311,27 @@ class Coordinator:
         run.rank0.rwtrace, …) by its Session as a single session saves one, at once, then their index written at
         `path` (opened post-mortem with trace=path). Nothing is destroyed: the index and every rank's file are
         checked before any rank writes (an existing file replaced only with `overwrite`; a file the session uses,
-        a link, a folder, never), and each file is written whole or not at all. A rank that cannot save leaves no
-        index. The index's path and size, and each rank's answer (its `rank`, `path`, `bytes`, `ticks`)."""
+        a link, a folder, never), and the set is written whole or not at all: each rank saves to a hidden temporary
+        beside its file, and only when every rank has saved are they moved onto their files, then the index
+        written; a rank that cannot save leaves every file as it was. The index's path and size, and each rank's
+        answer (its `rank`, `path`, `bytes`, `ticks`)."""
         index = traces.record_targets(path, self.world_size, overwrite, self._files_in_use(), "write")
-        saved = self._ask({r: {"op": "save_trace", "path": str(traces.rank_file(index, r)), "overwrite": overwrite}
-                           for r in range(self.world_size)}, max(self.timeout_s, 60.0), "saving its trace")
+        finals = {r: traces.rank_file(index, r) for r in range(self.world_size)}
+        hidden = {r: f.with_name(f".{f.name}.{os.getpid()}-{secrets.token_hex(4)}.saving") for r, f in finals.items()}
+        try:
+            saved = self._ask({r: {"op": "save_trace", "path": str(hidden[r]), "overwrite": False}
+                               for r in range(self.world_size)}, max(self.timeout_s, 60.0), "saving its trace")
+            for r in range(self.world_size):
+                os.replace(hidden[r], finals[r])
+        except OSError as exc:
+            raise RewindError(f"cannot save the ranks' traces beside {index}: {os_reason(exc)}") from None
+        finally:
+            for temporary in hidden.values():
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(temporary)
         traces.write_index(index, overwrite, *self.source, [rank.collectives for rank in self.ranks], self.groups)
         return {"path": str(index), "bytes": os.path.getsize(index),
-                "ranks": [{"rank": r, **saved[r]} for r in range(self.world_size)]}
+                "ranks": [{"rank": r, **saved[r], "path": str(finals[r])} for r in range(self.world_size)]}
 
     def _files_in_use(self) -> dict[str, str]:
         """The files of the session as a whole, which a save must never replace (each rank's Session refuses its
@@ -629,6 +651,10 @@ class Coordinator:
                     return (f"rank {a[0]} calls {self.ranks[a[0]].collectives[a[1]].describe()}; rank {b[0]} calls "
                             f"{self.ranks[b[0]].collectives[b[1]].describe()}: {why}", r)
             partners = self.pairing.partners[(r, i)]
+            if self.index is not None and all(m is not None and waiting.get(q) == m for q, m in partners):
+                past = self._past_recording({r: i, **dict(partners)})
+                if past is not None:
+                    return past
             if not self.ranks[r].collectives[i].point_to_point and all(
                     m is not None and waiting.get(q) == m for q, m in partners):
                 group = {r: i, **dict(partners)}  # every rank of its process group waits at its own: do they match?
@@ -637,6 +663,19 @@ class Coordinator:
                 if found is not None:
                     return found
         return None
+
+    def _past_recording(self, group: dict[int, int]) -> tuple[str, int] | None:
+        """Ranks opened from traces that end at different places: a collective some of them read from their trace
+        and the others would run for real, past their trace's end (alone in gloo: a hang). Words and the rank."""
+        held = {q: self.ranks[q].collectives[m].tick < self.ranks[q].state["frontier"] for q, m in group.items()}
+        if len(set(held.values())) < 2:
+            return None
+        a = min(q for q, h in held.items() if h)
+        b = min(q for q, h in held.items() if not h)
+        return (f"rank {b}'s trace ends before {self.ranks[b].collectives[group[b]].describe()}, which rank {a}'s "
+                f"trace holds ({self.ranks[a].collectives[group[a]].describe()}): past the end of a recording a "
+                "collective runs only where every rank taking part runs it, and rank "
+                f"{a} would read its result from its trace (this index's traces end at different places)", b)
 
     def _stuck(self, waiting: dict[int, int], forward: bool) -> tuple[str, int]:
         """Words for ranks that all wait at collectives none of which can run (each needs a rank that waits

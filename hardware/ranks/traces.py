@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 import msgpack
 
 from checkpoint.codec import shown
-from checkpoint.safe_files import atomic_write, check_target, partials_of
+from checkpoint.safe_files import atomic_write, check_target
 from checkpoint.trace import HEADER, adopt_partial, unpacked
 from hardware.errors import RewindError, os_reason
 from hardware.ranks.collectives import Collective
@@ -99,20 +99,18 @@ def write_index(index: Path, overwrite: bool, program: str, entry: str, collecti
     return index
 
 
-def adopt_rank_trace(index: Path, rank: int, overwrite: bool, since: float) -> Path:
+def adopt_rank_trace(index: Path, rank: int, overwrite: bool, partial: str | None) -> Path:
     """The recording of rank `rank`, whose process ended before it finished its trace, moved onto its file beside
-    the index as it is (it reads up to its last complete step: checkpoint/trace.adopt_partial), found as the one
-    temporary of a write onto that file made since `since` (the rank's own word is not needed, nor trusted); a
-    RewindError naming the rank and why otherwise."""
+    the index as it is (it reads up to its last complete step: checkpoint/trace.adopt_partial): `partial`, the
+    temporary the rank said at launch it records to (a temporary's name keeps only the start of a long target's, so
+    a search by name could take another rank's), which must lie beside that file; a RewindError naming the rank and
+    why otherwise."""
     target = rank_file(index, rank)
-    found = partials_of(target, since)
-    if not found:
+    if partial is None or Path(partial).parent != target.parent or not os.path.lexists(partial):
         why = "it left no recording"
-    elif len(found) > 1:
-        why = f"{len(found)} temporaries of {target.name} were written meanwhile (another recording to the same file?)"
     else:
         try:
-            return adopt_partial(found[0], target, overwrite)
+            return adopt_partial(Path(partial), target, overwrite)
         except RewindError as exc:  # a file the user did not allow to be replaced, what is no trace
             why = str(exc)
     raise RewindError(f"rank {rank} ended before finishing its trace {target.name}, and what it recorded could not be "

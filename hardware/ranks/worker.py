@@ -106,8 +106,10 @@ class RankEngine(RankNumerics, RankForensics):  # the requests about NaN/Inf acr
                              None if trace else dist.group.WORLD.group_name)
         s.fence_ops = sorted({s.tl.node_at(c.tick).op for c in self.collectives})
         s.set_function_breakpoints([])
+        recorder = s.tl.recorder  # its recording's temporary: adopted by name should this process die
         return {"collectives": [c.to_dict() for c in self.collectives], "outputs": list(s.program.outputs),
-                "groups": {} if trace else _groups(self.collectives), **self.state(None)}
+                "groups": {} if trace else _groups(self.collectives),
+                "partial": None if recorder is None else str(recorder.partial_path), **self.state(None)}
 
     # -- where this rank is --------------------------------------------------------------------
     def state(self, stop: Stop | None, fenced: bool = False) -> dict:
@@ -116,7 +118,7 @@ class RankEngine(RankNumerics, RankForensics):  # the requests about NaN/Inf acr
         tl = self.session.tl
         ticks = [c.tick for c in self.collectives]
         passed = bisect.bisect_left(ticks, tl.position)
-        out = {"tick": tl.position, "end": tl.end, "passed": passed, "calls": self.ledger.calls,
+        out = {"tick": tl.position, "end": tl.end, "frontier": tl.frontier, "passed": passed, "calls": self.ledger.calls,
                "recomputed": tl.recomputed, "replayed": self.ledger.replayed,
                "at_fence": passed < len(ticks) and ticks[passed] == tl.position,
                "at_back_fence": passed > 0 and ticks[passed - 1] + 1 == tl.position}
