@@ -82,7 +82,23 @@ def _refuse(command: str) -> None:
 # -- forwarding ----------------------------------------------------------------------------------------------
 def _ask(adapter: "RequestContext", rank: int, command: str, arguments: dict) -> Any:
     message = {"op": "dap", "command": command, "arguments": arguments}
-    return _ours(adapter, rank, adapter.session.ask(rank, message, f"answering {command}"))
+    try:
+        body = adapter.session.ask(rank, message, f"answering {command}")
+    except RewindError as exc:  # a frame the rank does not have: named by the session's ids, as the client sent it
+        said = str(exc)
+        if not _NO_FRAME.search(said):
+            raise
+        raise RewindError(_NO_FRAME.sub(lambda m: _session_frames(m, rank), said)) from None
+    return _ours(adapter, rank, body)
+
+
+_NO_FRAME = re.compile(r"no frame (\d+): the stack has (\d+) frame\(s\) \(ids (\d+)\.\.(\d+)\)")  # adapter.py's
+
+
+def _session_frames(found: re.Match, rank: int) -> str:
+    base = rank * FRAMES_PER_THREAD
+    frame, depth, first, last = (int(g) for g in found.groups())
+    return f"no frame {base + frame}: the stack has {depth} frame(s) (ids {base + first}..{base + last})"
 
 
 def _ours(adapter: "RequestContext", rank: int, body: Any) -> Any:

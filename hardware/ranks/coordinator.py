@@ -56,6 +56,8 @@ class CutStop:
     finding: bool = False  # an exception the coordinator found (a mismatch, a rank that did not answer), no rank's
     breakpoints: list[int] = field(default_factory=list)  # the user's breakpoints the rank stopped at
     exception: dict | None = None  # a NaN/Inf traced across ranks, a replicas drift: its details (ranks/numerics.py)
+    # the other ranks that stopped for a reason of their own in the same motion: rank -> (its words, its breakpoints)
+    others: dict[int, tuple[str, list[int]]] = field(default_factory=dict)
 
 
 class _Rank:
@@ -591,7 +593,10 @@ class Coordinator:
                 if not notable and not repeat and about not in movers and about in waiting_now:
                     return self._stopped(self._waits(about, forward, movers))
                 r = (notable or [m for m in movers if m == about] or own or movers)[0]
-                return self._stopped(self._rank_stop(r, replies))
+                stop = self._rank_stop(r, replies)
+                stop.others = {q: (f"rank {q}: {self._said(self.ranks[q], replies[q]['stop'])}",
+                                   list(replies[q]["stop"]["breakpoints"])) for q in notable if q != r}
+                return self._stopped(stop)
 
     def _waits(self, r: int, forward: bool, moved: list[int]) -> CutStop:
         """The stop of a step of rank `r` that could not move: it waits at a collective (a send, a recv) whose

@@ -227,12 +227,15 @@ class RankedSession:
         position (a finding's words say them already)."""
         rank = cut.rank if cut.rank is not None else 0
         where = ", ".join(f"rank {r} at tick {t}" for r, t in sorted(cut.ticks.items()))
-        said = self.breakpoint_ids.named(rank, cut.description, cut.breakpoints)
+        said = "; ".join([self.breakpoint_ids.named(rank, cut.description, cut.breakpoints)] + [
+            self.breakpoint_ids.named(q, words, theirs) for q, (words, theirs) in sorted(cut.others.items())])
         description = said if cut.finding else f"{said} ({where})"
+        hit = self.breakpoint_ids.of(rank, cut.breakpoints) + [
+            i for q, (_, theirs) in sorted(cut.others.items()) for i in self.breakpoint_ids.of(q, theirs)]
         exception = (exception_details(cut.exception) if cut.exception is not None  # a NaN/Inf across ranks, replicas
                      else self._finding(cut, description) if cut.finding else None)
-        return Stop(cut.reason, Tick(cut.ticks.get(rank, 0)), description,
-                    self.breakpoint_ids.of(rank, cut.breakpoints), exception=exception, unit=rank)
+        return Stop(cut.reason, Tick(cut.ticks.get(rank, 0)), description, sorted(set(hit)), exception=exception,
+                    unit=rank)
 
     def _finding(self, cut: CutStop, description: str) -> ExceptionDetails:
         """A mismatch or a rank that did not answer, as exception details: the collective the stop's rank is

@@ -69,6 +69,17 @@ def test_a_line_one_rank_runs_stops_only_that_rank_there_and_moves_no_other(entr
     assert all(re.findall(r"breakpoint (\d+)", e["description"]) == [str(bp["id"])] for e in events[1])
 
 
+def test_breakpoints_two_ranks_hit_in_one_motion_are_both_named_in_its_stop(entry):
+    send, recv = entry.set_breakpoints(PIPELINE, [{"line": SEND}, {"line": RECV}])  # rank 0's line, rank 1's line
+    stops = _stops(entry)
+    hits = [s["hitBreakpointIds"] for s in stops if s["reason"] == "breakpoint"]
+    assert sum(h.count(send["id"]) for h in hits) == MICRO  # rank 1 starts on its first recv's line: not a hit
+    assert sum(h.count(recv["id"]) for h in hits) == MICRO - 1
+    both = next(s for s in stops if s.get("hitBreakpointIds") == sorted([send["id"], recv["id"]]))
+    assert re.match(rf"rank \d: breakpoint \d+ at pipeline_parallel.py:\d+; rank \d: breakpoint \d+ at "
+                    rf"pipeline_parallel.py:\d+ \(rank 0 at tick", both["description"])
+
+
 def test_a_rank_only_breakpoint_keeps_its_hit_condition(entry):
     bp, = entry.set_breakpoints(PIPELINE, [{"line": SEND, "hitCondition": "2"}])
     stop = entry.motion("continue", {"threadId": 1})

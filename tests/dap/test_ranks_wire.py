@@ -153,6 +153,9 @@ def test_a_thread_that_is_no_rank_is_refused(ranks, arguments, words):
 def test_a_frame_or_reference_of_no_rank_is_refused(ranks):
     refused(ranks, "scopes", {"frameId": 2 * FRAMES_PER_THREAD + 1}, f"no frame {2 * FRAMES_PER_THREAD + 1}")
     refused(ranks, "scopes", {"frameId": 0}, "no frame 0")
+    deeper = FRAMES_PER_THREAD + 50  # rank 1's frame #50: its stack is not that deep
+    for words in (f"rank 1: no frame {deeper}: the stack has ", f" frame(s) (ids {FRAMES_PER_THREAD + 1}.."):
+        refused(ranks, "evaluate", {"expression": "1", "frameId": deeper}, words)  # the session's ids, not the rank's
     refused(ranks, "variables", {"variablesReference": 99_999}, "variablesReference 99999 is unknown")
 
 
