@@ -21,10 +21,13 @@ from dap_server.client import DapClient, DapError, quiet_debugpy_log
 from dap_server.console_numerics import NumericsCommands
 from dap_server.console_result import Command, CommandError, Result, table, whole_number
 from dap_server.frames import FRAMES_PER_THREAD
+from dap_server.traces import exists_message
 
 HISTORY = Path.home() / ".rewind_history"
 BREAKPOINT_MODES = ("forward", "backward", "both")  # a breakpoint's `mode`, as the server takes it
-_EXISTS = re.compile(r"exists; (send|set) overwrite")  # saveTrace's answer for an existing file
+# saveTrace's refusal of an existing file, in the server's own sentence: `path`, the file it names (with ranks, the
+# index or a rank's trace beside it)
+_EXISTS = re.compile(re.escape(exists_message("saveTrace", "\0")).replace(re.escape("\0"), "(?P<path>.+)"))
 PROMPT = "(rewind) "
 ONE_PROCESS = "this session runs one process: `rank` and `ranks` are for many ranks (rewind debug model.py --ranks N)"
 JOIN_WAIT_S = 300.0  # a launch whose ranks join from other hosts: the coordinator waits 240 s for them, then says who
@@ -515,7 +518,9 @@ class Console(NumericsCommands):
 
     def cmd_save(self, args: str) -> Result:
         """save FILE [--overwrite]: an existing FILE is replaced only with --overwrite, or when the user at
-        the terminal answers yes; from a script, a pipe or in --json mode it is kept and the command fails."""
+        the terminal answers yes; from a script, a pipe or in --json mode it is kept and the command fails.
+        With ranks FILE is the index of the ranks' traces, each saved beside it (FILE.rank0.rwtrace, …): the file
+        said to exist is the one the server names, the index or a rank's trace."""
         path = re.sub(r"(^|\s)--overwrite(?=\s|$)", " ", args).strip()
         overwrite = path != args.strip()
         if not path:
@@ -523,14 +528,17 @@ class Console(NumericsCommands):
         try:
             info = self.client.request("saveTrace", {"path": path, **({"overwrite": True} if overwrite else {})})
         except DapError as exc:
-            if overwrite or not _EXISTS.search(exc.message):
+            found = _EXISTS.fullmatch(exc.message)
+            if overwrite or found is None:
                 raise
+            existing = found["path"]
             if self.ask is None:
-                raise CommandError(f"{path} exists and is kept; `save {path} --overwrite` replaces it") from None
-            if not self.ask(f"{path} exists: replace it? [y/N] "):
-                return Result(f"not saved: {path} is kept", {"saved": False, "path": path})
+                raise CommandError(f"{existing} exists and is kept; `save {path} --overwrite` replaces it") from None
+            if not self.ask(f"{existing} exists: replace it? [y/N] "):
+                return Result(f"not saved: {existing} is kept", {"saved": False, "path": existing})
             info = self.client.request("saveTrace", {"path": path, "overwrite": True})
-        return Result(f"saved {info['ticks']} ticks to {info['path']} ({info['bytes']} bytes)", dict(info))
+        saved = dict(info)
+        return Result(describe_saved(saved), saved)
 
     def _engine_ended(self, terminated: dict) -> Result:
         """The session's engine ended under a motion (a crash, a fault): offer the recording it left, if any."""
@@ -611,6 +619,16 @@ def describe_placement(name: str, placement: dict) -> str:
     return "\n".join(f"{name} ({placement['value']}): {s['dtype']}{s['shape']} in {s['space']} of {s['chip']} "
                      f"at 0x{s['address']:x}, {s['nbytes']} bytes, strides {s['strides']}, unit {s['unit']}"
                      for s in placement["shards"])
+
+
+def describe_saved(saved: dict) -> str:
+    """What `save` wrote (saveTrace's answer): a trace's ticks, file and size; with ranks, the index's file and
+    size, then a line per rank's trace."""
+    if "ranks" not in saved:
+        return f"saved {saved['ticks']} ticks to {saved['path']} ({saved['bytes']} bytes)"
+    rows = [f"  rank {r['rank']}: {r['ticks']} ticks to {r['path']} ({r['bytes']} bytes)" for r in saved["ranks"]]
+    return "\n".join([f"saved the index of {len(rows)} ranks' traces to {saved['path']} ({saved['bytes']} bytes)",
+                      *rows])
 
 
 def describe_ranks(ranks: list[dict], selected: int) -> str:

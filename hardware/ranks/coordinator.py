@@ -318,6 +318,8 @@ class Coordinator:
         written; a rank that cannot save leaves every file as it was. The index's path and size, and each rank's
         answer (its `rank`, `path`, `bytes`, `ticks`)."""
         index = traces.record_targets(path, self.world_size, overwrite, self._files_in_use(), "write")
+        if not index.parent.is_dir():
+            raise RewindError(f"cannot write {index}: the folder {index.parent} does not exist")
         finals = {r: traces.rank_file(index, r) for r in range(self.world_size)}
         hidden = {r: f.with_name(f".{f.name}.{os.getpid()}-{secrets.token_hex(4)}.saving") for r, f in finals.items()}
         try:
@@ -327,6 +329,11 @@ class Coordinator:
                 os.replace(hidden[r], finals[r])
         except OSError as exc:
             raise RewindError(f"cannot save the ranks' traces beside {index}: {os_reason(exc)}") from None
+        except RewindError as exc:  # a rank's words name the temporary it wrote to: named by the user's file
+            said = str(exc)
+            for r in hidden:
+                said = said.replace(str(hidden[r]), str(finals[r]))
+            raise RewindError(said) from None
         finally:
             for temporary in hidden.values():
                 with contextlib.suppress(FileNotFoundError):

@@ -120,7 +120,8 @@ def test_save_trace_destroys_nothing_and_refuses_bad_paths_in_words(trainer, tmp
     refused(trainer, "saveTrace", {"path": str(tmp_path)}, "it is a folder, not a regular file")
     refused(trainer, "saveTrace", {"path": f"{tmp_path}/x\0.rwtrace"}, "the path contains a NUL character")
     refused(trainer, "saveTrace", {"path": str(DATA_PARALLEL)}, "it is the program being debugged")
-    refused(trainer, "saveTrace", {"path": str(tmp_path / "no" / "x.rwtrace")}, "the folder")
+    refused(trainer, "saveTrace", {"path": str(tmp_path / "no" / "x.rwtrace")},
+            f"cannot write {tmp_path / 'no' / 'x.rwtrace'}: the folder {tmp_path / 'no'} does not exist")
     saved = trainer.request("saveTrace", {"path": str(index), "overwrite": True})
     assert saved["path"] == str(index)  # replaced, with the same run: the same bytes
     assert [p.read_bytes() for p in first] == list(first.values())
