@@ -23,6 +23,7 @@ from dap_server.variables import Fields, VariableTable
 from hardware.errors import RewindError, echo
 from hardware.ranks.forensics import CARRIED
 from hardware.ranks.lines import bound_where_run, only_on
+from hardware.ranks.session import RankedSession
 from hardware.ticks import Direction
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 Answer = Callable[["RequestContext", "Arguments"], Any]
 
 # Answered by the usual handler over the RankedSession.
-USUAL = {"initialize", "launch", "attach", "configurationDone", "restart", "disconnect", "terminate", "cancel",
+USUAL = {"initialize", "launch", "attach", "configurationDone", "disconnect", "terminate", "cancel",
          "pause", "threads", "saveTrace"}  # saveTrace: each rank's trace beside the path, the index at it
 _RANKS_OWN = ("memoryReference", "instructionPointerReference", "instructionReference", "dataId")  # name a rank's
 _RANKED = re.compile(r"rank(\d{1,6}):(.*)", re.DOTALL)
@@ -212,11 +213,12 @@ def _stack_trace(adapter: "RequestContext", args: Any, handler: "Handler") -> di
 
 
 # -- breakpoints -----------------------------------------------------------------------------------------------
-def _every_rank(adapter: "RequestContext", args: Any, handler: "Handler") -> dict:
+def _every_rank(adapter: "RequestContext", args: Any, handler: "Handler", again: bool = False) -> dict:
     """setBreakpoints, setFunctionBreakpoints, setExceptionBreakpoints: on every rank, each binding them to its own
     Program (a line where a node runs on some ranks binds on those only, moved on none: hardware/ranks/lines.py); a
     breakpoint is verified where any rank could bind it (its line and message are the first such rank's; a line's
-    says the ranks it is not on), and has an id of the session's, which a stop on any rank names."""
+    says the ranks it is not on), and has an id of the session's, which a stop on any rank names (`again`: set on a
+    relaunch's new ranks, the id it had)."""
     adapter.require_launched()
     arguments = args.model_dump(exclude_unset=True)
     message = {"op": "dap", "command": handler.command, "arguments": arguments}
@@ -229,13 +231,32 @@ def _every_rank(adapter: "RequestContext", args: Any, handler: "Handler") -> dic
     for bp, on_ranks in zip(merged, same):
         if lines and (said := only_on(on_ranks)) is not None:
             bp["message"] = said
+    group = f"lines of {source_path(args.source)}" if lines else handler.command
     if handler.command != "setExceptionBreakpoints":  # filters have no ids
-        group = f"lines of {source_path(args.source)}" if lines else handler.command
         ids = adapter.session.breakpoint_ids.assign(group, [{r: bp["id"] for r, bp in enumerate(on_ranks)
-                                                             if bp.get("id") is not None} for on_ranks in same])
+                                                             if bp.get("id") is not None} for on_ranks in same], again)
         for bp, session_id in zip(merged, ids):
             bp["id"] = session_id
-    return {"breakpoints": merged}
+    return _kept(adapter, group, handler, args, {"breakpoints": merged})
+
+
+def _kept(adapter: "RequestContext", group: str, handler: "Handler", args: Any, answer: dict) -> dict:
+    """`answer`, to `handler`'s request `args` that set the breakpoints of `group`: kept with it, so that a
+    relaunch's new ranks are set them again (_set_again)."""
+    adapter.session.breakpoints_set[group] = (handler, args, answer)
+    return answer
+
+
+def _set_again(adapter: "RequestContext") -> None:
+    """After a relaunch (new ranks, which know none of the client's breakpoints): every kind set on them again as
+    the client last set it, each breakpoint under the session's id the client has (a stop names it); one whose
+    answer is not what the client was told (its verification, its line) is told in a `breakpoint` event, as a
+    single session's Session keeps its breakpoints across a relaunch and binds them to the new Program."""
+    for handler, args, told in list(adapter.session.breakpoints_set.values()):
+        answer = _SPECIAL[handler.command](adapter, args, handler, again=True)
+        for before, now in zip(told["breakpoints"], answer["breakpoints"]):
+            if before.get("id") is not None and now != before:
+                adapter.emit("breakpoint", {"reason": "changed", "breakpoint": now})
 
 
 def _set_lines(adapter: "RequestContext", arguments: dict, keep: dict[int, list[int]]) -> dict[int, list[dict]]:
@@ -252,10 +273,11 @@ def _set_lines(adapter: "RequestContext", arguments: dict, keep: dict[int, list[
 _NAMED_BY = {"setDataBreakpoints": "dataId", "setInstructionBreakpoints": "instructionReference"}
 
 
-def _each_on_its_rank(adapter: "RequestContext", args: Any, handler: "Handler") -> dict:
+def _each_on_its_rank(adapter: "RequestContext", args: Any, handler: "Handler", again: bool = False) -> dict:
     """setDataBreakpoints, setInstructionBreakpoints: each breakpoint on the rank its dataId or instructionReference
     names (`rank1:…`), every rank's replaced (a rank named by none has none now); one that names no rank of the
-    session is unverified, saying why, and never fails the batch."""
+    session is unverified, saying why, and never fails the batch. Each has an id as _every_rank's, unverified ones
+    too: a relaunch on fewer or more ranks tells the client which of them it unverified or verified by that id."""
     adapter.require_launched()
     key = _NAMED_BY[handler.command]
     on_rank: dict[int, list[dict]] = {r: [] for r in range(len(adapter.session.units()))}
@@ -271,15 +293,15 @@ def _each_on_its_rank(adapter: "RequestContext", args: Any, handler: "Handler") 
         on_rank[rank].append(asked)
     answers = adapter.session.ask_each({r: {"op": "dap", "command": handler.command, "arguments": {"breakpoints": bps}}
                                         for r, bps in on_rank.items()}, f"answering {handler.command}")
-    ids = iter(adapter.session.breakpoint_ids.assign(handler.command, [
-        {w[0]: answers[w[0]]["breakpoints"][w[1]]["id"]} for w in where if isinstance(w, tuple)]))
+    ids = adapter.session.breakpoint_ids.assign(handler.command, [
+        {w[0]: answers[w[0]]["breakpoints"][w[1]]["id"]} if isinstance(w, tuple) else {} for w in where], again)
     out = []
-    for w in where:
+    for w, session_id in zip(where, ids):
         if isinstance(w, str):
-            out.append({"verified": False, "message": w})
+            out.append({"id": session_id, "verified": False, "message": w})
         else:
-            out.append({**_ours(adapter, w[0], answers[w[0]]["breakpoints"][w[1]]), "id": next(ids)})
-    return {"breakpoints": out}
+            out.append({**_ours(adapter, w[0], answers[w[0]]["breakpoints"][w[1]]), "id": session_id})
+    return _kept(adapter, handler.command, handler, args, {"breakpoints": out})
 
 
 def _data_breakpoint_info(adapter: "RequestContext", args: Any, handler: "Handler") -> dict:
@@ -334,6 +356,15 @@ def _no_patches(adapter: "RequestContext", args: Any, handler: "Handler") -> Non
 
 
 # -- motions -------------------------------------------------------------------------------------------------------
+def _restart(adapter: "RequestContext", args: Any, handler: "Handler") -> None:
+    """restart: the usual handler. Without arguments every rank goes back to its beginning, its breakpoints kept;
+    with new launch arguments new ranks start (a program's or a trace index's), and the client's breakpoints are
+    set on them again (_set_again) unless the relaunch has no ranks."""
+    handler.fn(adapter, args)
+    if args.arguments is not None and isinstance(adapter.session, RankedSession):
+        _set_again(adapter)
+
+
 def _every_thread(adapter: "RequestContext", args: Any, handler: "Handler") -> Any:
     """continue, next, stepIn, stepOut and their reverse: the usual handlers, every rank moving; with singleThread,
     the thread's rank alone (_one_rank); stepIn to a target, _step_into."""
@@ -508,6 +539,6 @@ _SPECIAL: dict[str, Callable[["RequestContext", Any, "Handler"], Any]] = {
     **dict.fromkeys(["addPatch", "removePatch", "restoreBranch", "measureBranch", "compareBranches"], _no_patches),
     **dict.fromkeys(["continue", "reverseContinue", "next", "stepIn", "stepOut", "stepBack"], _every_thread),
     **dict.fromkeys(["source", "loadedSources"], _stopped_rank),
-    "goto": _goto, "gotoStep": _goto_step, "restoreCheckpoint": _restore_checkpoint,
+    "restart": _restart, "goto": _goto, "gotoStep": _goto_step, "restoreCheckpoint": _restore_checkpoint,
     "firstDivergence": _first_divergence, "collectives": _collectives,
     **dict.fromkeys(["compareWithReference", "referenceValue", "readReference"], _against_reference)}

@@ -36,6 +36,8 @@ class RankedSession:
         self.last_stop: Stop | None = None
         self.line_breakpoints: dict = {}  # none kept here: each rank binds breakpoints to its own Program
         self.breakpoint_ids = BreakpointIds()
+        self.breakpoints_set: dict[str, Any] = {}  # what the surface set on the ranks, by BreakpointIds group: a
+        # relaunch's new ranks know none of it, so the surface sets it on them again (dap_server/ranks.py)
         self._launcher_module, self._hello = launcher_module, hello
         self._launcher: RankLauncher | None = None
         self._stop_on_entry = False
@@ -57,7 +59,7 @@ class RankedSession:
                                        rendezvous=options.rendezvous, join=options.join, steps=options.steps,
                                        on_printed=self._printed, ring=options.ring_settings())
         self._stop_on_entry = options.stop_on_entry
-        self.breakpoint_ids = BreakpointIds()  # new ranks, new breakpoints
+        self.breakpoint_ids.new_ranks()  # the surface sets its breakpoints on them again, under the same ids
         if self._hello is not None:
             self.coordinator.ask_all(self._hello, "taking the session's settings")
         self.last_stop = self._stop(self.coordinator.last_stop)
@@ -258,18 +260,30 @@ class BreakpointIds:
 
     def __init__(self) -> None:
         self._groups: dict[str, dict[tuple[int, int], int]] = {}  # per kind of breakpoint (lines: per file)
+        self._given: dict[str, list[int]] = {}  # each group's ids, in the order they were given
         self._next = 1
 
-    def assign(self, group: str, on_ranks: list[dict[int, int]]) -> list[int]:
+    def assign(self, group: str, on_ranks: list[dict[int, int]], again: bool = False) -> list[int]:
         """The session's ids of the breakpoints of `group` (a kind of breakpoint, each request replacing its
-        group's), given each breakpoint's id on every rank it is set on."""
+        group's), given each breakpoint's id on every rank it is set on. With `again` (the same breakpoints set on
+        a relaunch's new ranks) each keeps the id it was given, in order: the client knows them by those."""
+        before = self._given.get(group, []) if again else []
         table, ids = {}, []
-        for theirs in on_ranks:
-            ids.append(self._next)
-            table.update({(rank, bp): self._next for rank, bp in theirs.items()})
-            self._next += 1
-        self._groups[group] = table
+        for place, theirs in enumerate(on_ranks):
+            ours = before[place] if place < len(before) else self._take()
+            ids.append(ours)
+            table.update({(rank, bp): ours for rank, bp in theirs.items()})
+        self._groups[group], self._given[group] = table, ids
         return ids
+
+    def _take(self) -> int:
+        self._next += 1
+        return self._next - 1
+
+    def new_ranks(self) -> None:
+        """A relaunch started new ranks: the ranks' own ids name none of the session's until the breakpoints are set
+        on them again (`assign` with `again`)."""
+        self._groups.clear()
 
     def of(self, rank: int, theirs: list[int]) -> list[int]:
         """The session's ids of breakpoints rank `rank` stopped at, by its own ids."""
