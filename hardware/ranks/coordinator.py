@@ -144,7 +144,10 @@ class Coordinator:
         self.groups: dict[str, tuple[int, ...]] = {}  # each process group's ranks, by name
         self._pause = threading.Event()
         self._send_lock = threading.Lock()
-        self._folder = Path(tempfile.mkdtemp(prefix="rewind-ranks-"))
+        # the forked ranks' logs and exit codes; ranks that join keep theirs on their hosts: no folder is made (an
+        # engine ended while it waits for them to join leaves none behind)
+        self._folder = Path(tempfile.mkdtemp(prefix="rewind-ranks-")) if join is None else Path(
+            tempfile.gettempdir(), f"rewind-ranks-joined-{secrets.token_hex(8)}")
         self._store = None
         self._closed = False
         self._own_launcher = launcher is None
