@@ -22,6 +22,7 @@ from dap_server.sources import source_path
 from dap_server.variables import Fields, VariableTable
 from hardware.errors import RewindError, echo
 from hardware.ranks.forensics import CARRIED
+from hardware.ranks.numerics import NONFINITE
 from hardware.ranks.lines import bound_where_run, only_on
 from hardware.ranks.session import RankedSession
 from hardware.ticks import Direction
@@ -327,9 +328,10 @@ def _exception_info(adapter: "RequestContext", args: Any, handler: "Handler") ->
     """The coordinator's own finding (a mismatch, a rank that did not answer, replicas that differ) and a NaN/Inf
     traced across ranks (hardware/ranks/numerics.py) here; any other exception of a rank's own from that rank."""
     stop = adapter.session.last_stop
-    if stop is not None and stop.exception is not None:
-        return handler.fn(adapter, args)
     rank = thread_unit(adapter, args.threadId)
+    if stop is not None and stop.exception is not None and (  # a NaN/Inf stop is its rank's: a finding, every rank's
+            stop.exception.filter not in NONFINITE or rank == (stop.unit or 0)):
+        return handler.fn(adapter, args)
     return _ask(adapter, rank, "exceptionInfo", {"threadId": 1})
 
 

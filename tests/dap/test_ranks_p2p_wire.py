@@ -244,6 +244,7 @@ def test_a_nan_carried_by_a_send_names_the_rank_and_line_it_was_born_on(server):
     assert (birth["reason"], birth["text"], birth["threadId"]) == ("exception", "NaN", 1)
     assert birth["description"].startswith(f"rank 0: {will} (")
     assert debugger.request("exceptionInfo", {"threadId": 1})["description"].endswith(will.removeprefix("NaN "))
+    refused(debugger, "exceptionInfo", {"threadId": 2}, "rank 1: not stopped on an exception")  # rank 0's NaN
     stop = debugger.motion("continue", {"threadId": 1})  # the send carries it: rank 1's recv writes it
     carried = f"NaN born on rank 0 at {born}; isend at {carries} carried it to rank 1"
     assert (stop["reason"], stop["text"], stop["threadId"]) == ("exception", "NaN", 2)
