@@ -42,6 +42,7 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -156,32 +157,21 @@ def rewind_rows(world_size: int, launcher: RankLauncher, repeats: int, samples: 
                 launches: list[float]) -> dict:
     """Every Rewind figure for `world_size` ranks; the time of each launch is added to `launches`."""
     launch = launcher_of(world_size, launcher, launches)
-
-    def training(**options) -> float:
-        with launch(DATA_PARALLEL, entry="train_step", **options) as c:
-            ms, stop = timed(c.run)
-            assert stop.reason == "end", stop
-            return ms
-
     runs = []
-    for _ in range(repeats):
+    for i in range(repeats):
         with launch(EXAMPLE) as c:
-            ms, stop = timed(c.run)
-            assert stop.reason == "end", stop
-            runs.append(ms)
-            nodes, collectives = c.states()[0]["end"], c.collectives(0)
-            back = step_back_across(c, samples)
+            runs.append(timed_run(c, _ended))
+            if i == 0:  # the program's shape and the step-back samples: from one launch
+                nodes, collectives = c.states()[0]["end"], c.collectives(0)
+                back = step_back_across(c, samples)
     with launch(EXAMPLE) as c:
         steps = node_steps(c)
     plain, crossing = statistics.median(steps["plain"]), statistics.median(steps["collective"])
-    mismatch = []
-    for _ in range(repeats):
-        with launch(SKIPPED) as c:
-            ms, stop = timed(c.run)
-            assert stop.reason == "exception" and stop.finding, stop
-            mismatch.append(ms)
-    train = statistics.median(training() for _ in range(repeats))
-    replicas = statistics.median(training(replicas=PARAMETERS) for _ in range(repeats))
+    mismatch = [run_ms(launch, SKIPPED, lambda stop: stop.reason == "exception" and stop.finding)
+                for _ in range(repeats)]
+    train = statistics.median(run_ms(launch, DATA_PARALLEL, _ended, entry="train_step") for _ in range(repeats))
+    replicas = statistics.median(run_ms(launch, DATA_PARALLEL, _ended, entry="train_step", replicas=PARAMETERS)
+                                 for _ in range(repeats))
     return {"run": statistics.median(runs), "nodes": nodes, "train": train, "replicas": replicas,
             "collectives": len(collectives), "back": back, "plain": plain, "crossing": crossing,
             "mismatch": statistics.median(mismatch)}
@@ -192,27 +182,40 @@ def pipeline_rows(world_size: int, launcher: RankLauncher, repeats: int, samples
     """The pipeline example's Rewind figures for `world_size` ranks, and on 2 ranks the planted deadlock's."""
     launch = launcher_of(world_size, launcher, launches)
     runs = []
-    for _ in range(repeats):
+    for i in range(repeats):
         with launch(PIPELINE) as c:
-            ms, stop = timed(c.run)
-            assert stop.reason == "end", stop
-            runs.append(ms)
-            ends = sorted(s["end"] for s in c.states().values())
-            pairs = sum(len(x.p2p) for r in range(world_size) for x in c.collectives(r)) // 2  # each a send and a recv
-            back = step_back_across_recv(c, samples)
+            runs.append(timed_run(c, _ended))
+            if i == 0:  # the program's shape and the step-back samples: from one launch
+                ends = sorted(s["end"] for s in c.states().values())
+                pairs = sum(len(x.p2p) for r in range(world_size) for x in c.collectives(r)) // 2  # a send and a recv
+                back = step_back_across_recv(c, samples)
     with launch(PIPELINE) as c:
         steps = node_steps(c)
     plain = statistics.median(steps["plain"])
     per_pair = statistics.median((ms - plain) / crossed for ms, crossed in steps["pairs"])
-    deadlock = []
-    for _ in range(repeats if world_size == 2 else 0):  # the planted model is one of 2 ranks
-        with launch(POINT_TO_POINT, entry="deadlock") as c:
-            ms, stop = timed(c.run)
-            assert stop.reason == "exception" and "no rank can go on" in stop.description, stop
-            deadlock.append(ms)
+    deadlock = [run_ms(launch, POINT_TO_POINT, lambda stop: stop.reason == "exception" and
+                       "no rank can go on" in stop.description, entry="deadlock")
+                for _ in range(repeats if world_size == 2 else 0)]  # the planted model is one of 2 ranks
     return {"run": statistics.median(runs), "nodes": (ends[0], ends[-1]), "back": back, "plain": plain,
             "pairs": pairs, "crossing": statistics.median(ms for ms, _ in steps["pairs"]), "per_pair": per_pair,
             "deadlock": statistics.median(deadlock) if deadlock else None}
+
+
+def timed_run(c: Coordinator, ok: Callable[[Any], bool]) -> float:
+    """The time of running every rank of `c` on to its stop, which must be the one the figure is about (`ok`)."""
+    ms, stop = timed(c.run)
+    assert ok(stop), stop
+    return ms
+
+
+def run_ms(launch: Callable[..., Coordinator], program: Path, ok: Callable[[Any], bool], **options) -> float:
+    """The time of running a fresh launch of `program` on to its stop (timed_run)."""
+    with launch(program, **options) as c:
+        return timed_run(c, ok)
+
+
+def _ended(stop: Any) -> bool:
+    return stop.reason == "end"
 
 
 def node_steps(c: Coordinator) -> dict[str, list]:

@@ -193,7 +193,8 @@ class Adapter:
         depth = len(self.session.frames())
         level = (frame_id - 1) % FRAMES_PER_THREAD if frame_id >= 1 else -1
         if not 0 <= level < depth:
-            raise RewindError(f"no frame {frame_id}: the stack has {depth} frame(s) (ids 1..{depth})")
+            base = max(frame_id - 1, 0) // FRAMES_PER_THREAD * FRAMES_PER_THREAD  # its thread's first frame id, less 1
+            raise RewindError(f"no frame {frame_id}: the stack has {depth} frame(s) (ids {base + 1}..{base + depth})")
         return level
 
     def resolve_value(self, name: str, level: int = 0) -> str:

@@ -84,23 +84,7 @@ def _refuse(command: str) -> None:
 # -- forwarding ----------------------------------------------------------------------------------------------
 def _ask(adapter: "RequestContext", rank: int, command: str, arguments: dict) -> Any:
     message = {"op": "dap", "command": command, "arguments": arguments}
-    try:
-        body = adapter.session.ask(rank, message, f"answering {command}")
-    except RewindError as exc:  # a frame the rank does not have: named by the session's ids, as the client sent it
-        said = str(exc)
-        if not _NO_FRAME.search(said):
-            raise
-        raise RewindError(_NO_FRAME.sub(lambda m: _session_frames(m, rank), said)) from None
-    return _ours(adapter, rank, body)
-
-
-_NO_FRAME = re.compile(r"no frame (\d+): the stack has (\d+) frame\(s\) \(ids (\d+)\.\.(\d+)\)")  # adapter.py's
-
-
-def _session_frames(found: re.Match, rank: int) -> str:
-    base = rank * FRAMES_PER_THREAD
-    frame, depth, first, last = (int(g) for g in found.groups())
-    return f"no frame {base + frame}: the stack has {depth} frame(s) (ids {base + first}..{base + last})"
+    return _ours(adapter, rank, adapter.session.ask(rank, message, f"answering {command}"))
 
 
 def _ours(adapter: "RequestContext", rank: int, body: Any) -> Any:
@@ -135,15 +119,16 @@ def _their_reference(adapter: "RequestContext", reference: str, what: str) -> tu
 
 
 def _frame_rank(adapter: "RequestContext", frame_id: int | None) -> tuple[int, int | None]:
-    """The rank a frame id is of, and the rank's own id for it; no frame: the rank the last stop is about."""
+    """The rank a frame id is of, and the id its engine takes (the same: a rank reads a frame id's level only, and
+    names the id as the client sent it); no frame: the rank the last stop is about."""
     if frame_id is None:
         stop = adapter.session.last_stop
         return (stop.unit or 0) if stop is not None else 0, None
-    rank, level = divmod(frame_id - 1, FRAMES_PER_THREAD)
+    rank = (frame_id - 1) // FRAMES_PER_THREAD
     if frame_id < 1 or rank >= len(adapter.session.units()):
         raise RewindError(f"no frame {frame_id}: frames of thread t (rank t - 1) have ids from "
                           f"(t - 1) * {FRAMES_PER_THREAD} + 1")
-    return rank, level + 1
+    return rank, frame_id
 
 
 def _target(adapter: "RequestContext", args: Any) -> tuple[int, dict]:
@@ -428,8 +413,8 @@ def _goto_step(adapter: "RequestContext", args: Any, handler: "Handler") -> None
     does not have is refused at once, naming the rank."""
     adapter.require_launched()
     rank, _ = _target(adapter, args)
-    adapter.session.step_start(args.step, rank)
-    adapter.resume(lambda: adapter.session.goto_step(args.step, rank), f"Going to step {args.step} of rank {rank}")
+    tick = adapter.session.step_start(args.step, rank)  # a step the run does not have: refused before any motion
+    adapter.resume(lambda: adapter.session.goto_step(args.step, rank, tick), f"Going to step {args.step} of rank {rank}")
 
 
 def _restore_checkpoint(adapter: "RequestContext", args: Any, handler: "Handler") -> None:

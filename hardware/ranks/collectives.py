@@ -59,6 +59,12 @@ class Collective:
         shown = ", ".join(self.tensors + tuple(d.split("=", 1)[1] for d in self.details if d.startswith("reduce_op=")))
         return f"{self.op} #{self.number} ({shown}) at {self.where}"
 
+    def carrier(self, rank: int | None) -> dict:
+        """This collective as evidence names what carried a value between ranks (`carriedBy`); a send's or recv's
+        with the `rank` it is on, since its number is that rank's own (None: not named)."""
+        found = {"collective": self.op, "number": self.number, "node": self.node, "source": self.where}
+        return {**found, "rank": rank} if self.point_to_point and rank is not None else found
+
     def to_dict(self) -> dict:
         return {"number": self.number, "tick": self.tick, "op": self.op, "group": self.group,
                 "tensors": list(self.tensors), "details": list(self.details), "where": self.where, "value": self.value,
@@ -114,7 +120,12 @@ def _collective(program: Program, node: Node, number: int, tick: int) -> Collect
 
 def _spec(program: Program, ref: Ref) -> str:
     info = program.values[ref.name]
-    return f"{info.dtype}[{','.join(str(s) for s in info.shape)}]"
+    return typed(info.dtype, info.shape)
+
+
+def typed(dtype: str, shape: Any) -> str:
+    """float32[4,8]: a tensor's dtype and shape, as a collective's tensors are written."""
+    return f"{dtype}[{','.join(str(s) for s in shape)}]"
 
 
 def _transfers(op: str, bound: dict, tensors: list[str], what: str) -> tuple[tuple[str, int, int, str], ...]:
@@ -164,29 +175,25 @@ class Pairing:
                 others = [q for q in groups.get(group, ranks) if q != r and q in grouped]
                 for k, i in enumerate(indices):
                     partners[(r, i)] = [(q, _kth(grouped[q].get(group, []), k)) for q in others]
-        lanes: dict[tuple[str, int, int, int], list[tuple[int, str]]] = {}  # (direction, from, to, tag) -> transfers
+        lanes: dict[tuple[int, int, int], tuple[list, list]] = {}  # (from, to, tag) -> its sends, its recvs
         for r in ranks:
             for i, c in enumerate(collectives[r]):
                 if c.point_to_point:
                     partners[(r, i)] = []
                 for direction, peer, tag, spec in c.p2p:
-                    ends = (r, peer) if direction == "send" else (peer, r)
-                    lanes.setdefault((direction, *ends, tag), []).append((i, spec))
-        for (direction, a, b, tag), transfers in lanes.items():
-            if direction != "send":
-                continue
-            received = lanes.get(("recv", a, b, tag), [])
-            for j, (i, spec) in enumerate(transfers):
-                partners[(a, i)].append((b, received[j][0] if j < len(received) else None))
-                if j < len(received) and not _same_bytes(spec, received[j][1]):
-                    why = f"rank {a} sends {spec} and rank {b} receives {received[j][1]}"
-                    conflicts.setdefault((a, i), []).append((b, received[j][0], why))
-                    conflicts.setdefault((b, received[j][0]), []).append((a, i, why))
-        for (direction, a, b, tag), transfers in lanes.items():
-            if direction == "recv":
-                sent = len(lanes.get(("send", a, b, tag), []))
-                for j, (i, _) in enumerate(transfers):
-                    partners[(b, i)].append((a, lanes[("send", a, b, tag)][j][0] if j < sent else None))
+                    sends, recvs = lanes.setdefault((r, peer, tag) if direction == "send" else (peer, r, tag), ([], []))
+                    (sends if direction == "send" else recvs).append((i, spec))
+        for (a, b, _), (sends, recvs) in lanes.items():
+            for j in range(max(len(sends), len(recvs))):  # the j-th send of the lane with its j-th recv
+                sent, received = _kth(sends, j), _kth(recvs, j)
+                if sent is not None:
+                    partners[(a, sent[0])].append((b, None if received is None else received[0]))
+                if received is not None:
+                    partners[(b, received[0])].append((a, None if sent is None else sent[0]))
+                if sent is not None and received is not None and not _same_bytes(sent[1], received[1]):
+                    why = f"rank {a} sends {sent[1]} and rank {b} receives {received[1]}"
+                    conflicts.setdefault((a, sent[0]), []).append((b, received[0], why))
+                    conflicts.setdefault((b, received[0]), []).append((a, sent[0], why))
         return Pairing(partners, conflicts)
 
     def ready(self, waiting: dict[int, int]) -> dict[int, int]:
@@ -206,23 +213,16 @@ class Pairing:
         """The collective's own rank and its partners that have one matching it: rank -> index."""
         return {rank: index, **{q: m for q, m in self.partners[(rank, index)] if m is not None}}
 
-    def senders(self, collectives: dict[int, list[Collective]], rank: int, index: int) -> dict[int, int]:
-        """The partners whose data the collective brings into `rank`: every partner of a collective of a process
-        group; of a send or recv, those that send to `rank` (a batch also sends to ranks it receives nothing from)."""
-        c = collectives[rank][index]
+    def peers(self, c: Collective, rank: int, index: int, direction: str) -> dict[int, int]:
+        """Rank `rank`'s collective `c` (its `index`-th)'s partners that data flows between in `direction`: every
+        partner of a collective of a process group; of a send or recv, the peers of its transfers of that direction
+        ("recv": the ranks it brings data in from; "send": those it carries data to — a batch may do both)."""
         return {q: m for q, m in self.group(rank, index).items() if q != rank and (
-            not c.point_to_point or any(d == "recv" and p == q for d, p, _, _ in c.p2p))}
-
-    def receivers(self, collectives: dict[int, list[Collective]], rank: int, index: int) -> dict[int, int]:
-        """The partners the collective carries `rank`'s data to: every partner of a collective of a process group;
-        of a send or recv, those `rank` sends to."""
-        c = collectives[rank][index]
-        return {q: m for q, m in self.group(rank, index).items() if q != rank and (
-            not c.point_to_point or any(d == "send" and p == q for d, p, _, _ in c.p2p))}
+            not c.point_to_point or any(d == direction and p == q for d, p, _, _ in c.p2p))}
 
 
-def _kth(indices: list[int], k: int) -> int | None:
-    return indices[k] if k < len(indices) else None
+def _kth(items: list, k: int) -> Any:
+    return items[k] if k < len(items) else None
 
 
 def _same_bytes(sent: str, received: str) -> bool:

@@ -200,11 +200,15 @@ class Coordinator:
     def senders(self, rank: int, number: int) -> dict[int, int]:
         """The partners whose data rank `rank`'s collective #`number` brings in (a send's or batch's: the ranks that
         send to it), each with its number there."""
-        return {q: m + 1 for q, m in self.pairing.senders(self._collectives(), rank, number - 1).items()}
+        return self._peers(rank, number, "recv")
 
     def receivers(self, rank: int, number: int) -> dict[int, int]:
         """The partners rank `rank`'s collective #`number` carries its data to, each with its number there."""
-        return {q: m + 1 for q, m in self.pairing.receivers(self._collectives(), rank, number - 1).items()}
+        return self._peers(rank, number, "send")
+
+    def _peers(self, rank: int, number: int, direction: str) -> dict[int, int]:
+        c = self.ranks[rank].collectives[number - 1]
+        return {q: m + 1 for q, m in self.pairing.peers(c, rank, number - 1, direction).items()}
 
     def _collectives(self) -> dict[int, list[Collective]]:
         return {rank.rank: rank.collectives for rank in self.ranks}
@@ -588,7 +592,7 @@ class Coordinator:
                                      else CutStop("entry", "beginning of the program", None))
             message = {"op": "motion", "motion": kind, "direction": direction.value}
             before = self.ticks()
-            waiting_now = [q for q, st in self.states().items() if st["at_fence" if forward else "at_back_fence"]]
+            about_waited = self.ranks[about].state["at_fence" if forward else "at_back_fence"]
             try:
                 replies = self._ask({r: {**message, "allow": allow.get(r)} for r in movers}, self.timeout_s,
                                     f"running {kind}", moves=True)
@@ -600,7 +604,7 @@ class Coordinator:
             own = [r for r in movers if replies[r]["stop"]["reason"] not in _ENDED]
             if own or not repeat:  # a step's stop is about `about`, unless a rank stopped for more than a step
                 notable = [r for r in own if replies[r]["stop"]["reason"] != "step"]
-                if not notable and not repeat and about not in movers and about in waiting_now:
+                if not notable and not repeat and about not in movers and about_waited:
                     return self._stopped(self._waits(about, forward, movers))
                 r = (notable or [m for m in movers if m == about] or own or movers)[0]
                 stop = self._rank_stop(r, replies)
@@ -666,17 +670,15 @@ class Coordinator:
                     return (f"rank {a[0]} calls {self.ranks[a[0]].collectives[a[1]].describe()}; rank {b[0]} calls "
                             f"{self.ranks[b[0]].collectives[b[1]].describe()}: {why}", r)
             partners = self.pairing.partners[(r, i)]
-            if self.index is not None and all(m is not None and waiting.get(q) == m for q, m in partners):
-                past = self._past_recording({r: i, **dict(partners)})
-                if past is not None:
-                    return past
-            if not self.ranks[r].collectives[i].point_to_point and all(
-                    m is not None and waiting.get(q) == m for q, m in partners):
-                group = {r: i, **dict(partners)}  # every rank of its process group waits at its own: do they match?
+            if not all(m is not None and waiting.get(q) == m for q, m in partners):
+                continue  # its partners are not all here yet
+            group = {r: i, **dict(partners)}
+            found = self._past_recording(group) if self.index is not None else None
+            if found is None and not self.ranks[r].collectives[i].point_to_point:  # every rank of its group waits
                 found = mismatch({q: self.ranks[q].collectives[m] for q, m in group.items()},
                                  {q: self.ranks[q].state["passed"] for q in group})
-                if found is not None:
-                    return found
+            if found is not None:
+                return found
         return None
 
     def _past_recording(self, group: dict[int, int]) -> tuple[str, int] | None:

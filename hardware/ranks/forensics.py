@@ -81,8 +81,7 @@ class RankForensics:
 
     def do_reference_ready(self, m: dict) -> bool:
         """Has this rank run its reference pass of the pass it holds now?"""
-        f = self.session.reference_forensics
-        return f is not None and f.timeline is self.session.tl
+        return self.session.reference_current()
 
     def do_reference(self, m: dict) -> str:
         """Run this rank's reference pass anew, every collective for real with its peers' reference passes (which
@@ -172,9 +171,10 @@ def forensics(ranks: Ranks, start: Any = 0) -> dict:
 def reference_passes(ranks: Ranks) -> None:
     """Every rank's float64 reference pass of the run it holds: run now, on every rank at once, unless each has kept
     its own from before (refused before every rank has run each of its collectives with its peers)."""
+    if all(ranks.ask_all({"op": "reference_ready"}, "answering whether it has a reference pass").values()):
+        return  # kept from before, when they were checked
     _check_ran(ranks)
-    if not all(ranks.ask_all({"op": "reference_ready"}, "answering whether it has a reference pass").values()):
-        ranks.ask_all({"op": "reference"}, "running its float64 reference pass with its peers")
+    ranks.ask_all({"op": "reference"}, "running its float64 reference pass with its peers")
 
 
 def carried_into(ranks: Ranks, rank: int) -> dict[str, dict]:
@@ -232,8 +232,7 @@ def _carried(ranks: Ranks, r: int, number: int, inputs: dict[int, list[dict]]) -
                                                       "collective's own arithmetic made the error"}
     if c.point_to_point:  # a recv: the send that carried the error in is named, on its rank
         c = ranks.collectives(beyond[0])[group[beyond[0]] - 1]
-    return {"carriedBy": {"collective": c.op, "number": c.number, "node": c.node, "source": c.where, "from": beyond,
-                          "inputs": compared, **({"rank": beyond[0]} if c.point_to_point else {})}}
+    return {"carriedBy": {**c.carrier(beyond[0]), "from": beyond, "inputs": compared}}
 
 
 def _before(ranks: Ranks, r: int, tick: int) -> int:

@@ -31,6 +31,7 @@ from hardware.errors import RewindError, echo
 from hardware.events import ExceptionDetails
 from hardware.jsonable import json_safe
 from hardware.program import Program
+from hardware.ranks.collectives import typed
 from hardware.source_names import source_scopes
 from hardware.ticks import Stop, Tick
 from provenance.births import node_dict
@@ -72,7 +73,6 @@ class RankNumerics:
     rank: int
     session: "Session"
     collectives: list["Collective"]
-    _fences: set[int]  # the ids of the function breakpoints before the collectives
 
     def do_exception_filters(self, m: dict) -> list[str]:
         """The NaN/Inf (and other) exception filters this rank's motions stop on."""
@@ -81,7 +81,7 @@ class RankNumerics:
 
     def at_fence(self, stop: Stop) -> bool:
         """The stop is at a fence (only the function breakpoints before the collectives made it)."""
-        return bool(stop.breakpoint_ids) and set(stop.breakpoint_ids) <= self._fences
+        return bool(stop.breakpoint_ids) and set(stop.breakpoint_ids) <= self.session.fences  # its fences' ids
 
     def unhidden(self, stop: Stop) -> Stop:
         """A forward stop at a fence (the function breakpoint before a collective) hides a NaN/Inf the step before
@@ -270,12 +270,10 @@ def _carried(coordinator: Ranks, rank: int, facts: dict, replies: dict[int, dict
     c = coordinator.collectives(rank)[number - 1]
     if c.point_to_point and sources:  # a recv: the send that carried it is named, on its rank
         c = coordinator.collectives(sender)[senders[sender] - 1]
-    carried = {"collective": c.op, "number": c.number, "node": c.node, "source": c.where}
+    carried = c.carrier(sender)
     if not sources:
         words = f"made by {c.op} at {c.where} itself on {ranks_text(to)}: no rank's input to it carried one"
         return words, {"born": [], "carriedBy": carried, "carriedTo": to}
-    if c.point_to_point:
-        carried["rank"] = sender
     by_place: dict[str, list[int]] = {}
     for r, b in sources.items():
         place = f"at {b['source']}" if "root" not in b else f"in its input '{b['root']}'"
@@ -311,10 +309,9 @@ def _next_carrier(coordinator: Ranks, rank: int, facts: dict) -> tuple[str, dict
     c = coordinator.collectives(rank)[facts["next"] - 1]
     peers = sorted(coordinator.receivers(rank, c.number))
     words = f"born on rank {rank} at {short(facts['source'])}; {c.op} at {c.where} will carry it to {ranks_text(peers)}"
-    carried = {"collective": c.op, "number": c.number, "node": c.node, "source": c.where}
     found = {"born": [{"rank": rank, "tick": facts["tick"], "node": facts["node"], "op": facts["op"],
                        "source": short(facts["source"]), "value": facts["value"], "count": facts["count"]}],
-             "carriedBy": {**carried, "rank": rank} if c.point_to_point else carried, "carriedTo": peers}
+             "carriedBy": c.carrier(rank), "carriedTo": peers}
     return words, found
 
 
@@ -518,7 +515,7 @@ def _by_digest(reason: str) -> dict:
 
 def _typed(t: torch.Tensor) -> str:
     """float32[4,8]: a value's dtype and shape, as a collective's tensors are written."""
-    return f"{str(t.dtype).removeprefix('torch.')}[{','.join(str(s) for s in t.shape)}]"
+    return typed(str(t.dtype).removeprefix("torch."), t.shape)
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:

@@ -116,12 +116,12 @@ class RankedSession:
         motion = "node" if granularity == "instruction" else _STEPS[kind]
         self._emit(self._ranks().step(direction, motion, rank=unit or 0, single=single_thread))
 
-    def goto(self, tick: int, rank: int = 0, description: str | None = None) -> None:
-        """Rank `rank` to `tick`, every other rank to the consistent cut around it; `description`: the stop's words
-        when it gets there."""
+    def goto(self, tick: int, rank: int = 0, description: str | None = None, reason: str = "goto") -> None:
+        """Rank `rank` to `tick`, every other rank to the consistent cut around it; `description` and `reason`: the
+        stop's when it gets there (a stop on the way, a mismatch or a replica that differs, keeps its own)."""
         cut = self._ranks().goto(tick, rank)
-        if description is not None and cut.reason == "goto":
-            cut.description = description
+        if cut.reason == "goto":
+            cut.reason, cut.description = reason, description or cut.description
         self._emit(cut)
 
     def step_start(self, step: int, rank: int) -> int:
@@ -129,9 +129,9 @@ class RankedSession:
         run does not have is refused, naming the rank."""
         return self._ranks().ask(rank, {"op": "step_start", "step": step}, "finding where a training step starts")
 
-    def goto_step(self, step: int, rank: int) -> None:
-        """Rank `rank` to the start of its training step `step`, every other rank to the consistent cut around it."""
-        tick = self.step_start(step, rank)
+    def goto_step(self, step: int, rank: int, tick: int) -> None:
+        """Rank `rank` to the start of its training step `step` (at its `tick`: step_start), every other rank to the
+        consistent cut around it."""
         self.goto(tick, rank, f"rank {rank}: start of step {step} (step {step}, tick {tick})")
 
     def restore(self, tick: int, rank: int) -> None:
@@ -151,10 +151,7 @@ class RankedSession:
     def step_into(self, tick: int, rank: int) -> None:
         """Rank `rank` to the instant before the node at `tick` on its line (a goto: a collective on the way is
         crossed by every rank)."""
-        cut = self._ranks().goto(tick, rank)
-        if cut.reason == "goto":
-            cut.reason, cut.description = "step", f"rank {rank}: stepped in to tick {tick}"
-        self._emit(cut)
+        self.goto(tick, rank, f"rank {rank}: stepped in to tick {tick}", reason="step")
 
     def pause(self) -> None:
         if self.coordinator is not None:

@@ -60,8 +60,12 @@ class FencedSession(Session):
         """Once this rank has run its reference pass with its peers' (hardware/ranks/forensics.py), the forensics over
         it: the usual requests about the reference read that pass. Before, the Session's own (a NaN stop's evidence
         needs no reference; the coordinator runs every rank's reference pass before any request reads one)."""
+        return self.reference_forensics if self.reference_current() else super().forensics
+
+    def reference_current(self) -> bool:
+        """Has this rank run its reference pass of the pass it holds now?"""
         f = self.reference_forensics
-        return f if f is not None and f.timeline is self.tl else super().forensics
+        return f is not None and f.timeline is self.tl
 
     def set_function_breakpoints(self, specs: Iterable[FunctionSpec]) -> list[Breakpoint]:
         user = list(specs)
@@ -81,10 +85,6 @@ class RankEngine(RankNumerics, RankForensics):  # the requests about NaN/Inf acr
         self.session = session if session is not None else FencedSession(on_event=self._event)
         self.ledger = Ledger(rank)
         self.collectives: list[Collective] = []
-
-    @property
-    def _fences(self) -> set[int]:
-        return self.session.fences
 
     def _event(self, event: Any) -> None:
         if isinstance(event, Output) and len(self.notes) < 100:
@@ -125,7 +125,7 @@ class RankEngine(RankNumerics, RankForensics):  # the requests about NaN/Inf acr
         if stop is not None:
             fenced = fenced or self.at_fence(stop)
             out["stop"] = {"reason": "collective" if fenced else stop.reason, "description": stop.description,
-                           "breakpoints": [i for i in stop.breakpoint_ids if i not in self._fences],
+                           "breakpoints": [i for i in stop.breakpoint_ids if i not in self.session.fences],
                            "exception": self.exception_facts(stop)}  # a NaN/Inf stop, for the coordinator to trace
         return out
 
