@@ -107,6 +107,9 @@ def run_at(node: Node, args: tuple, kwargs: dict, device: torch.device, dtype: s
         raise DriverError(f"'{dtype}' is not a floating-point dtype (float64, float32, float16, bfloat16)")
     if node.op.startswith(WIDTH_BOUND_OPS):
         raise DriverError(f"{node.describe()} is a bitcast: it cannot run at another precision")
+    # Every floating input is read at `dtype`, narrowed too: a patched producer upstream may hand a wider one (a
+    # float16 node run at float32 after a float32 node run at float64), and one op takes one dtype.
+    args, kwargs = _floating_as((args, kwargs), target)
     return run_widened(node, args, kwargs, device, target)
 
 
@@ -127,6 +130,17 @@ def widen(obj: Any, dtype: torch.dtype) -> Any:
         return type(obj)(widen(o, dtype) for o in obj)
     if isinstance(obj, dict):
         return {k: widen(v, dtype) for k, v in obj.items()}
+    return obj
+
+
+def _floating_as(obj: Any, dtype: torch.dtype) -> Any:
+    """`obj` with every floating tensor made `dtype`, wider ones too (dtype arguments are left to widen)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(dtype) if obj.dtype.is_floating_point and obj.dtype != dtype else obj
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_floating_as(o, dtype) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _floating_as(v, dtype) for k, v in obj.items()}
     return obj
 
 

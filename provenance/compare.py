@@ -1,9 +1,10 @@
 """Comparing one value of a pass with the reference's, under dtype-aware tolerances.
 
 An element mismatches when |a - b| > atol + rtol * max(|b|, scale), where b is the reference
-and scale is the root mean square of the reference value: an element near zero in a tensor
-of large numbers is judged against the tensor's magnitude, not its own (a rounding error of
-a few ulps of the tensor is not a divergence). NaN matches NaN and an infinity matches the
+and scale is the root mean square of the reference value, or the magnitude of the terms it was
+computed from where that is more (provenance/magnitudes.py): an element near zero in a tensor
+of large numbers is judged against the tensor's magnitude, not its own, and a sum that cancels
+against its terms' (a rounding error of a few ulps of them is not a divergence). NaN matches NaN and an infinity matches the
 same infinity: both passes agree there. `error` is the worst element's |a - b| in units of
 its tolerance, so a value is within tolerance exactly when error <= 1. A NaN this pass has where the
 reference has none is a mismatch (its error is infinite). The cosine is of two vectors of numbers: it
@@ -119,16 +120,8 @@ def abs_tolerance(ref: torch.Tensor, rtol: float, atol: float) -> float:
 def judged_precision(program: Program) -> dict[str, str]:
     """Value -> the dtype whose tolerance it is judged at (see the module's docstring)."""
     carried, compute = carried_precision(program), compute_precision(program)
-    outputs = set(program.outputs)
-    out = {}
-    for name, dtype in carried.items():
-        if dtype not in DEFAULT_TOLERANCES:
-            out[name] = dtype
-            continue
-        own = program.values[name].dtype if name in outputs and program.values[name].dtype in DEFAULT_TOLERANCES \
-            else dtype
-        out[name] = max(own, compute or own, key=_eps)
-    return out
+    return {name: max(dtype, compute or dtype, key=_eps) if dtype in DEFAULT_TOLERANCES else dtype
+            for name, dtype in carried.items()}
 
 
 def compute_precision(program: Program) -> str | None:
@@ -143,23 +136,26 @@ def _eps(dtype: str) -> float:
     return torch.finfo(getattr(torch, dtype)).eps
 
 
-def compare(value: str, dtype: str, test: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float) -> Comparison:
-    """Compare host tensors `test` and `ref` (any dtypes; measured in float64) as value `value` of `dtype`."""
+def compare(value: str, dtype: str, test: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float,
+            scale: float = 0.0) -> Comparison:
+    """Compare host tensors `test` and `ref` (any dtypes; measured in float64) as value `value` of `dtype`; `scale`:
+    the magnitude the value was computed from (provenance/magnitudes.py), when it is more than the value's own."""
     a, b = _flat(value, test, ref)
-    deviation = _deviation(a, b, rtol, atol)
-    fields = _fields(a, b, rtol, atol) if deviation is None else _finite_fields(a, b, *deviation)
+    deviation = _deviation(a, b, rtol, atol, scale)
+    fields = _fields(a, b, rtol, atol, scale) if deviation is None else _finite_fields(a, b, *deviation)
     bad_at = fields.pop("first")
     first = tuple(int(i) for i in torch.unravel_index(bad_at, tuple(test.shape))) if bad_at is not None else None
     return Comparison(value, dtype, rtol, atol, a.numel(), first_mismatch=first, **fields)
 
 
-def error(value: str, test: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float) -> tuple[float, float]:
+def error(value: str, test: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float,
+          scale: float = 0.0) -> tuple[float, float]:
     """(error, max_abs) of `test` against `ref`, as `compare` measures them, without the other measures: a
     value's error from fewer passes over its data."""
     a, b = _flat(value, test, ref)
-    deviation = _deviation(a, b, rtol, atol)
+    deviation = _deviation(a, b, rtol, atol, scale)
     if deviation is None:
-        c = compare(value, "", test, ref, rtol, atol)
+        c = compare(value, "", test, ref, rtol, atol, scale)
         return c.error, c.max_abs
     diff, bound, _ = deviation
     return _finite_error(diff, bound), float(diff.max()) if diff.numel() else 0.0
@@ -174,7 +170,7 @@ def _flat(value: str, test: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tens
 Deviation = tuple[torch.Tensor, torch.Tensor, bool]  # |a - b|, each element's bound, every element finite
 
 
-def _deviation(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> Deviation | None:
+def _deviation(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float, floor: float) -> Deviation | None:
     """|a - b|, each element's bound and whether all is finite, unless a NaN or an infinity the other does not
     have makes the fast measures wrong (then None). A finite sum of the differences says none does;
     infinities both have in the same places (an attention mask's -inf) are no difference."""
@@ -186,17 +182,17 @@ def _deviation(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> De
     finite = torch.isfinite(b)
     everywhere = bool(finite.all())
     kept = b if everywhere else b[finite]
-    scale = float(kept.square().mean().sqrt()) if kept.numel() else 0.0
+    scale = max(float(kept.square().mean().sqrt()) if kept.numel() else 0.0, floor)
     bound = torch.maximum(b.abs(), torch.tensor(scale, dtype=torch.float64)).mul_(rtol).add_(atol)
     return diff.abs_(), bound, everywhere
 
 
-def _fields(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> dict:
+def _fields(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float, floor: float) -> dict:
     """The comparison's measures where NaN and infinities may occur."""
     agree = (a == b) | (torch.isnan(a) & torch.isnan(b))
     diff = torch.where(agree, 0.0, (a - b).abs().nan_to_num(nan=math.inf, posinf=math.inf))
     finite = b[torch.isfinite(b)]
-    scale = float(finite.square().mean().sqrt()) if finite.numel() else 0.0
+    scale = max(float(finite.square().mean().sqrt()) if finite.numel() else 0.0, floor)
     bound = atol + rtol * torch.maximum(b.abs(), torch.tensor(scale, dtype=torch.float64))
     bad = (diff > bound) | torch.isinf(diff)  # an infinite difference exceeds even an infinite bound
     bad_at = bad.nonzero().reshape(-1)

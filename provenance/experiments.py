@@ -246,7 +246,8 @@ class Experiments:
         errors = []
         for name in f.floating_outputs(self.timeline.node_at(tick)):
             rtol, atol = f.tolerance.for_dtype(f.precision[name])
-            errors.append((name, *error(name, f.test_value(name, tick + 1), f.reference.value(name), rtol, atol)))
+            errors.append((name, *error(name, f.test_value(name, tick + 1), f.reference.value(name), rtol, atol,
+                                        f.scale(name))))
         return max(errors, key=lambda e: e[1])
 
     def _against(self, name: str, ours: torch.Tensor, theirs: torch.Tensor) -> dict:

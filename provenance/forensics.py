@@ -31,6 +31,7 @@ from provenance import training_patterns  # noqa: F401  (it registers the failur
 from provenance.births import Birth, births, writes_infinity
 from provenance.compare import Comparison, Tolerance, compare, judged_precision
 from provenance.handed import SessionView
+from provenance.magnitudes import Magnitudes
 from provenance.lineage import descendants, lineage
 from provenance.patterns import Evidence, Match, classify
 from provenance.reference import DEFAULT_REFERENCE, Collectives, Reference, open_reference
@@ -116,6 +117,7 @@ class Forensics:
         self.origins: dict[tuple, tuple] = {}  # provenance/origins.py's traces, by finding and the branch's patches
         self._outputs: dict[tuple, list[Comparison]] = {}  # by the outputs' recorded digests
         self._births: tuple[tuple, list[Birth]] | None = None  # (the pass's shape, its births)
+        self._magnitudes: Magnitudes | None = None  # each value's scale in the reference, as first asked
 
     # -- the reference ---------------------------------------------------------------------------------
     @property
@@ -123,8 +125,15 @@ class Forensics:
         if self._reference is None:
             budget = int((self.session.options.budget_mb if self.session.options else 1024) * 2**20)
             self._reference = open_reference(self.spec, self.program, budget,
-                                             self.progress(f"reference pass ({self.spec})"), self.collectives)
+                                             self.progress(f"reference pass ({self.spec})"), self.collectives,
+                                             self._carried() if len(self.program.step_starts) > 1 else None)
         return self._reference
+
+    def _carried(self) -> Callable[[str], torch.Tensor]:
+        """This pass's own value of a name, read where its steps end: what each step of the reference starts from
+        (provenance/reference.py's per_step)."""
+        self.record_to_end()
+        return lambda name: self.test_value(name, self.timeline.end)
 
     def progress(self, title: str) -> Callable[[int, int], None]:
         """A callback reporting `title` as session progress once the work has run half a second."""
@@ -165,7 +174,14 @@ class Forensics:
 
     def _compare(self, name: str, test: torch.Tensor) -> Comparison:
         rtol, atol = self.tolerance.for_dtype(self.precision[name])
-        return compare(name, self.program.values[name].dtype, test, self.reference.value(name), rtol, atol)
+        return compare(name, self.program.values[name].dtype, test, self.reference.value(name), rtol, atol,
+                       self.scale(name))
+
+    def scale(self, name: str) -> float:
+        """The magnitude `name` was computed from, in the reference (provenance/magnitudes.py)."""
+        if self._magnitudes is None or self._magnitudes.reference is not self.reference.value:
+            self._magnitudes = Magnitudes(self.program, self.reference.value)
+        return self._magnitudes.scale(name)
 
     def outputs(self) -> list[Comparison]:
         """The program's outputs at the end of this branch, in their declared dtypes, against the reference.

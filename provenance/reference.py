@@ -3,7 +3,14 @@
 A reference spec is one of
 - a driver, `torch:cpu:float64`: the same Program runs again through its own Timeline on that
   driver, every floating op in float64 and casts to lower precision made no-ops (the torch
-  driver's compute precision): the same engine, not a second one;
+  driver's compute precision): the same engine, not a second one. It is a shadow of the program: each
+  node runs at the reference precision on the reference's own inputs, whatever dtypes the program
+  casts to (`.half()`, `.to(dtype)`, autocast's casts are the identity there), and parameters and
+  buffers are taken at the reference precision once. A training run of several steps is compared
+  step by step from the same state (`per_step`): the reference of step k reads the values earlier
+  steps left (parameters, optimizer state, buffers) as the program computed them, so what it finds
+  in step k was introduced in step k; the free-running reference's trajectory is another question
+  (`trajectory`);
 - a trace of an earlier run (checkpoint/trace.py), read without a device;
 - a file of saved values written by `save_values` (torch.save of value name -> tensor).
 """
@@ -11,6 +18,7 @@ A reference spec is one of
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -23,7 +31,7 @@ from checkpoint.trace import MAGIC
 from hardware.driver import to_host
 from hardware.drivers import open_driver, trace_driver
 from hardware.errors import DriverError, RewindError
-from hardware.program import Node, Program
+from hardware.program import Node, Program, ValueInfo, renamed_refs
 from hardware.torch_tensors import COLLECTIVES
 from provenance.births import Birth, births
 
@@ -47,7 +55,7 @@ class Reference:
     def births(self) -> list[Birth] | None:
         """The reference pass's NaN/Inf births (provenance/births.py); None for saved values, which keep no pass."""
         with running(self.collectives):
-            return None if self._timeline is None else births(self._timeline, self.program)
+            return None if self._timeline is None else births(self._timeline, self._timeline.program)
 
     def value(self, name: str) -> torch.Tensor:
         with running(self.collectives):  # a value the ring evicted is recomputed by the pass
@@ -58,12 +66,16 @@ class Reference:
 
 
 def open_reference(spec: str, program: Program, budget: int, progress: Progress | None = None,
-                   collectives: Collectives | None = None) -> Reference:
+                   collectives: Collectives | None = None,
+                   carried: Callable[[str], torch.Tensor] | None = None) -> Reference:
     """`collectives`: how a driver's pass runs a collective node (one rank's reference pass runs each with its peers'
-    reference passes: hardware/ranks/forensics.py), held while the pass runs and while its values are read."""
+    reference passes: hardware/ranks/forensics.py), held while the pass runs and while its values are read.
+    `carried`: the program's own value of a name (a host tensor), for a driver's pass of several training steps to
+    start each step from (`per_step`); None: the reference follows its own trajectory."""
     if spec.startswith("torch:"):
         with running(collectives):
-            reference = _pass_reference(spec, program, budget, progress)
+            reference = _pass_reference(spec, per_step(program, carried) if carried else program, budget, progress)
+            reference.program = program
         reference.collectives = collectives
         return reference
     path = Path(spec)
@@ -100,6 +112,35 @@ def _pass_reference(spec: str, program: Program, budget: int, progress: Progress
             progress(tick, timeline.end)
     timeline.seek(timeline.end)
     return _timeline_reference(spec, program, timeline)
+
+
+CARRIED = "{}@carried"  # the program's own value of an earlier step's result, read by a later step's reference
+
+
+def per_step(program: Program, carried: Callable[[str], torch.Tensor]) -> Program:
+    """`program` with every read of a value an earlier training step wrote made a read of a constant holding the
+    program's own value of it (`carried`): the reference of each step starts from the state the program had
+    there. The same nodes, under the same names; one step (or an inference pass) is `program` itself."""
+    if len(program.step_starts) < 2:
+        return program
+    values, initial = dict(program.values), dict(program.initial)
+    nodes = []
+    for node in program.nodes:
+        earlier = {n: CARRIED.format(n) for n in node.input_names() if _written_before(program, n, node.step)}
+        for name, alias in earlier.items():
+            if alias not in values:
+                info = program.values[name]
+                values[alias] = ValueInfo(alias, "constant", info.dtype, info.shape)
+                initial[alias] = carried(name)
+        nodes.append(replace(node, args=renamed_refs(node.args, earlier), kwargs=renamed_refs(node.kwargs, earlier))
+                     if earlier else node)
+    return replace(program, nodes=nodes, values={n: replace(v, last_use=-1) for n, v in values.items()},
+                   initial=initial)
+
+
+def _written_before(program: Program, name: str, step: int) -> bool:
+    producer = program.values[name].producer
+    return producer is not None and program.nodes[producer].step < step
 
 
 def _trace_reference(spec: str, program: Program, budget: int) -> Reference:
