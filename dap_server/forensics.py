@@ -47,7 +47,7 @@ def compare_with_reference(adapter: "RequestContext", args: CompareWithReference
         if args.introduced:
             row["verdict"] = "within" if row["within"] else "introduced" if not row["introduced"]["within"] \
                 else "inherited"
-    return {"reference": f.spec, "rows": rows, "outputs": outputs}
+    return {"reference": f.spec, "rows": rows, "outputs": outputs, "trials": list(f.unrun)}
 
 
 class FirstDivergenceArguments(StrictArguments):
@@ -63,13 +63,15 @@ def first_divergence(adapter: "RequestContext", args: FirstDivergenceArguments) 
         found = f.first_divergence(args.start)
     if found is None:
         return {"reference": f.spec, "divergence": None, "divergenceReason": f"no node from tick {args.start} on "
-                "leaves the reference's tolerance by error it introduced or that crosses the line there"}
+                "leaves the reference's tolerance by error it introduced or that crosses the line there",
+                "trials": list(f.unrun)}
     if not args.origin:
         return {"reference": f.spec, "divergence": {**found.to_dict(), "origin": None,
-                                                    "originReason": "not asked for (origin: false)"}}
+                                                    "originReason": "not asked for (origin: false)"},
+                "trials": list(f.unrun)}
     with working(adapter, "Tracing the error upstream"):
         origin, note = trace_origin(f, found)
-    return {"reference": f.spec, "divergence": traced_dict(found, origin, note)}
+    return {"reference": f.spec, "divergence": traced_dict(found, origin, note), "trials": list(f.unrun)}
 
 
 class AblatePrecisionArguments(StrictArguments):
@@ -97,7 +99,7 @@ def ablate_precision(adapter: "RequestContext", args: AblatePrecisionArguments) 
             if searched["found"] is None:
                 searched["foundReason"] = searched["note"] or f"no set of nodes tried in {searched['trials']} " \
                                                               "trial(s) fixed the outputs"
-            return {"search": searched}
+            return {"search": searched, "trials": list(f.unrun)}
         nodes = _span(adapter, args.span) if args.span else _named(adapter, args.nodes)
         return {"ablation": ablate(f, nodes, args.dtype).to_dict()}
 

@@ -104,7 +104,13 @@ def search(forensics: Forensics, dtype: str | None = None, max_trials: int = DEF
         if result.trials >= max_trials:
             raise _OutOfTrials
         result.trials += 1
-        trial = ablate(forensics, sorted(nodes, key=lambda n: n.index), dtype, before)
+        chosen = sorted(nodes, key=lambda n: n.index)
+        try:
+            trial = ablate(forensics, chosen, dtype, before)
+        except RewindError as exc:  # one trial that cannot run is said, and the search goes on without it
+            result.tried.append({"nodes": [n.name for n in chosen], "fixed": False, "ran": False, "why": str(exc)})
+            forensics.not_run(None, f"precision ablation of {', '.join(n.name for n in chosen)}", exc)
+            return False
         result.tried.append({"nodes": [n.name for n in trial.nodes], "fixed": trial.fixed})
         if trial.fixed:
             result.found = trial

@@ -118,6 +118,7 @@ class Forensics:
         self._outputs: dict[tuple, list[Comparison]] = {}  # by the outputs' recorded digests
         self._births: tuple[tuple, list[Birth]] | None = None  # (the pass's shape, its births)
         self._magnitudes: Magnitudes | None = None  # each value's scale in the reference, as first asked
+        self.unrun: list[dict] = []  # trials that could not run: {"node", "trial", "ran": False, "why"}
 
     # -- the reference ---------------------------------------------------------------------------------
     @property
@@ -165,12 +166,22 @@ class Forensics:
         tl = self.timeline
         key = (node.index, tl.patches.get(node.index))
         if key not in self._introduced:
-            inputs = {n: from_host(tl.driver, self.reference.value(n).to(_torch_dtype(self.program.values[n].dtype)))
-                      for n in node.input_names()}
-            outputs = dict(zip(node.outputs, tl.run_node(node, inputs.__getitem__)))
-            self._introduced[key] = [self._compare(n, to_host(tl.driver, outputs[n]))
-                                     for n in self.floating_outputs(node)]
+            try:
+                inputs = {n: from_host(tl.driver, self.reference.value(n).to(_torch_dtype(self.program.values[n].dtype)))
+                          for n in node.input_names()}
+                outputs = dict(zip(node.outputs, tl.run_node(node, inputs.__getitem__)))
+                self._introduced[key] = [self._compare(n, to_host(tl.driver, outputs[n]))
+                                         for n in self.floating_outputs(node)]
+            except RewindError as exc:  # the node cannot rerun on the reference's inputs: said, and judged without
+                self.not_run(node, "rerun on the reference's inputs", exc)
+                self._introduced[key] = []
         return self._introduced[key]
+
+    def not_run(self, node: Node | None, trial: str, why: Exception) -> None:
+        """Remember a trial that could not run (the report lists it, and the rest of the report stands)."""
+        entry = {"node": node.name if node is not None else None, "trial": trial, "ran": False, "why": str(why)}
+        if entry not in self.unrun:
+            self.unrun.append(entry)
 
     def _compare(self, name: str, test: torch.Tensor) -> Comparison:
         rtol, atol = self.tolerance.for_dtype(self.precision[name])
@@ -209,9 +220,10 @@ class Forensics:
             return None
         introduced = {c.value: c for c in self.introduced(node)}
         worst = max(observed, key=lambda c: c.error)
-        if introduced[worst.value].within and self._inputs_beyond(node, tick):
+        alone = introduced.get(worst.value)  # None: the node could not rerun alone (self.unrun says why)
+        if (alone is None or alone.within) and self._inputs_beyond(node, tick):
             return None  # inherited
-        return self._finding("divergence", tick, node, worst, introduced[worst.value])
+        return self._finding("divergence", tick, node, worst, alone)
 
     def _inputs_beyond(self, node: Node, tick: int) -> bool:
         for name in node.input_names():

@@ -14,13 +14,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, TypeVar
 
+from hardware.errors import RewindError
 from hardware.program import Node
 from provenance.ablation import DEFAULT_MAX_TRIALS, Search, search
 from provenance.births import Birth, node_dict
 from provenance.compare import Comparison
-from provenance.forensics import Finding, WithForensics
+from provenance.forensics import Finding, Forensics, WithForensics
+from provenance.reference import check_spec
 from provenance.origins import Origin, headline, op_name, trace_origin, traced_dict, where, worst
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -36,6 +41,7 @@ class Investigation:
     absorbed: list[Birth] = field(default_factory=list)  # NaN/Inf written on purpose: absorbed, the reference's too
     origin: Origin | None = None  # where the divergence's error was introduced, when upstream of it
     origin_note: str = ""  # how the origin was confirmed, or why there is none
+    trials: list[dict] = field(default_factory=list)  # what could not run: {"node", "trial", "ran": False, "why"}
 
     @property
     def problem(self) -> bool:
@@ -45,6 +51,9 @@ class Investigation:
     def headline(self) -> str:
         """The root cause in one sentence: the earliest of the NaN/Inf birth and the divergence's origin."""
         if not self.problem:
+            unchecked = [t["trial"] for t in self.trials if t["node"] is None]
+            if unchecked:
+                return f"no problem found, but {'; '.join(unchecked)} could not run (see the trials)"
             return "clean" + (f" ({_absorbed_count(self.absorbed)} written on purpose and absorbed before any "
                               "output, as in the reference)" if self.absorbed else "")
         if self.divergence is None and self.nonfinite is None:
@@ -80,6 +89,7 @@ class Investigation:
                 **({} if self.divergence else {"divergenceReason": "no node leaves the reference by more than its "
                                                                    "tolerance"}),
                 "outputs": [c.to_dict() for c in self.outputs],
+                "trials": self.trials,
                 "ablation": self.ablation.to_dict() if self.ablation else None,
                 **({} if self.ablation else {"ablationReason": "the outputs are within tolerance, or ablation was "
                                                                "not asked for (--no-ablate)"})}
@@ -93,17 +103,33 @@ def investigate(session: WithForensics, ablate: bool = True, max_trials: int = D
     """The whole investigation; `origin: False` skips tracing the divergence upstream (its ablations), for callers
     that need the findings only (the repair loop)."""
     f = session.forensics
-    nonfinite = f.first_nonfinite()
+    f.record_to_end()  # what the pass cannot run is the program's own failure, not one of an analysis
+    check_spec(f.spec)  # and a reference that names nothing usable is the options' (both: exit 2)
+    nonfinite = _degrading(f, "the search for the first NaN/Inf", f.first_nonfinite, None)
     if nonfinite is not None:
-        f.with_reference(nonfinite)
-    absorbed = [b for b in f.births() if f.harmless(b)]
-    divergence = f.first_divergence()
-    traced, note = trace_origin(f, divergence) if divergence and origin else (None, "not traced")
-    outputs = f.outputs()
+        _degrading(f, "the NaN/Inf's comparison with the reference", lambda: f.with_reference(nonfinite), None)
+    absorbed = [b for b in _degrading(f, "the NaN/Inf births", f.births, []) if _degrading(
+        f, f"the reference's value of {b.value}", lambda: f.harmless(b), False)]
+    divergence = _degrading(f, "the search for the first divergence", f.first_divergence, None)
+    traced, note = (_degrading(f, "the trace of the divergence upstream", lambda: trace_origin(f, divergence),
+                               (None, "not traced: it could not run (see trials)"))
+                    if divergence and origin else (None, "not traced"))
+    outputs = _degrading(f, "the outputs' comparison with the reference", f.outputs, [])
     needs_fix = not all(c.within for c in outputs)
-    found = search(f, max_trials=max_trials) if ablate and needs_fix else None
+    found = _degrading(f, "the precision search", lambda: search(f, max_trials=max_trials), None) \
+        if ablate and needs_fix else None
     return Investigation(session.options.program, session.tl.driver.name, f.spec, len(session.program.nodes),
-                         nonfinite, divergence, outputs, found, absorbed, traced, note)
+                         nonfinite, divergence, outputs, found, absorbed, traced, note, list(f.unrun))
+
+
+def _degrading(f: Forensics, what: str, work: Callable[[], T], otherwise: T) -> T:
+    """`work()`, or `otherwise` when it cannot run: said among the report's trials, and the rest of the report
+    stands (an analysis degrades, never ends the report)."""
+    try:
+        return work()
+    except RewindError as exc:
+        f.not_run(None, what, exc)
+        return otherwise
 
 
 def _divergence_headline(found: Finding, origin: Origin | None) -> str:
@@ -159,6 +185,9 @@ def render(inv: Investigation, sources: dict[str, str]) -> str:
     lines += [f"  {_comparison(c)}" for c in inv.outputs]
     if inv.ablation:
         lines += ["", _ablation(inv.ablation)]
+    if inv.trials:
+        lines += ["", "Could not run (the rest of the report stands without them):"]
+        lines += [f"  {t['trial']}" + (f" of {t['node']}" if t["node"] else "") + f": {t['why']}" for t in inv.trials]
     lines += ["", "Verdict: " + ("problem found" if inv.problem else "clean")]
     return "\n".join(lines)
 

@@ -43,6 +43,8 @@ _CARRYING = _MOVING + _LOSSES + ("aten.mm.", "aten.bmm.", "aten.matmul.", "aten.
 _LINEAR_IN_GRADIENT = ("aten.threshold_backward.", "aten.gelu_backward.", "aten.tanh_backward.",
                        "aten.sigmoid_backward.", "aten.silu_backward.", "aten.masked_fill.", "aten.where.")
 _LOG_SOFTMAX, _LOG_SOFTMAX_BACKWARD = "aten._log_softmax.", "aten._log_softmax_backward_data."
+_CROSS_ENTROPY = "aten.cross_entropy_loss."
+_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}  # aten's reduction enum
 MAX_CHAIN = 256  # carriers followed upstream at most; beyond, a value's own size is its scale
 
 
@@ -78,6 +80,12 @@ class Magnitudes:
         if node.op.startswith(_LOG_SOFTMAX):
             x = self._magnitude(node.args[0], depth)
             return x + torch.logsumexp(self.reference(node.args[0].name).double(), node.args[1], keepdim=True).abs()
+        if node.op.startswith(_CROSS_ENTROPY):  # log_softmax then nll: its terms gathered at the targets
+            x, target = self.reference(node.args[0].name).double(), self.reference(node.args[1].name)
+            dim = 1 if x.dim() > 1 else 0
+            terms = self._magnitude(node.args[0], depth) + torch.logsumexp(x, dim, keepdim=True).abs()
+            reduction = _REDUCTIONS[node.args[3] if len(node.args) > 3 else 1]
+            return torch.nn.functional.nll_loss(-terms, target, reduction=reduction)
         if node.op.startswith(_LOG_SOFTMAX_BACKWARD):
             g = self._magnitude(node.args[0], depth)
             return g + self.reference(node.args[1].name).double().exp() * g.sum(node.args[2], keepdim=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from hardware.errors import RewindError
 from hardware.program import Node
 from provenance.ablation import Ablation, ablate, wider_dtype
 from provenance.births import node_dict
@@ -101,7 +102,11 @@ def _traced(forensics: Forensics, found: Finding) -> tuple[Origin | None, str]:
         return None, (f"no node upstream introduces an error `{op_name(found.node)}` is sensitive "
                       "to: it introduced the error itself")
     for node, sensitivity in ranked[:MAX_CANDIDATES]:
-        origin = _confirm(forensics, found, node, sensitivity)
+        try:
+            origin = _confirm(forensics, found, node, sensitivity)
+        except RewindError as exc:  # this candidate cannot be confirmed: said, and the next one is tried
+            forensics.not_run(node, "confirmation as the origin", exc)
+            continue
         if origin.confirmed:
             origin.match = _classify(forensics, node)
             origin.amplified_by = amplifiers(forensics, origin.node, found)
@@ -122,7 +127,7 @@ def _candidates(forensics: Forensics, found: Finding) -> list[tuple[Node, float]
     for node in upstream:
         if wider_dtype(forensics, node) is None or not forensics.floating_outputs(node):
             continue
-        error = max(c.max_abs for c in forensics.introduced(node))
+        error = max((c.max_abs for c in forensics.introduced(node)), default=0.0)
         sensitivity = error / tolerance if tolerance > 0 else (math.inf if error > 0 else 0.0)
         if sensitivity >= SENSITIVE:
             scored.append((node, sensitivity))

@@ -86,6 +86,17 @@ def open_reference(spec: str, program: Program, budget: int, progress: Progress 
     return _trace_reference(spec, program, budget) if is_trace else _saved_reference(spec, program)
 
 
+def check_spec(spec: str) -> None:
+    """Refuse, in words, a reference that names no driver this machine has and no file (before any pass runs)."""
+    if spec.startswith("torch:"):
+        try:
+            open_driver(spec)
+        except DriverError as exc:
+            raise RewindError(f"reference '{spec}': {exc}") from None
+    elif not Path(spec).is_file():
+        raise RewindError(f"reference '{spec}' is neither a driver (e.g. {DEFAULT_REFERENCE}) nor a file")
+
+
 @contextmanager
 def running(collectives: Collectives | None) -> Iterator[None]:
     """Collective nodes run by `collectives` inside (None: as they run outside)."""

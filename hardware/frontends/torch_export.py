@@ -211,7 +211,9 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict, name: str,
             try:
                 # An empty decomposition table functionalises (in-place writes to buffers become buffer
                 # mutation outputs) while keeping the ops users wrote: aten.linear, aten.layer_norm, ...
-                return torch.export.export(model, args, kwargs).run_decompositions({})
+                exported = torch.export.export(model, args, kwargs)
+                regions = autocast_regions(exported)
+                return with_region_lines(exported.run_decompositions({}), regions)
             except Exception as exc:
                 failure.append(exc)
                 raise
@@ -221,6 +223,46 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict, name: str,
             raise refused from None
         raise ProgramLoadError(f"torch.export failed for {name}: "
                                f"{export_failure(exc, user_model or model)}") from exc
+
+
+def autocast_regions(ep: ExportedProgram) -> list[dict[str, dict]]:
+    """The meta (user line, module stack) of each node inside each `torch.autocast` region of `ep`, in graph order:
+    export holds a region as a higher-order op over a submodule, and decomposing inlines it with the submodule's
+    generated code as the nodes' stack (no user line, the root module)."""
+    regions = []
+    for fx in ep.graph.nodes:
+        if fx.op == "call_function" and getattr(fx.target, "__name__", "") == "wrap_with_autocast":
+            sub = next((getattr(ep.graph_module, a.target) for a in fx.args if getattr(a, "op", None) == "get_attr"),
+                       None)
+            if sub is not None:
+                regions.append({n.name: n.meta for n in sub.graph.nodes if n.op == "call_function"})
+    return regions
+
+
+_GENERATED_LINE = re.compile(r'File "<eval_with_key>\.(\d+)", line \d+, in forward\n\s+(\w+) = ')
+
+
+def with_region_lines(ep: ExportedProgram, regions: list[dict[str, dict]]) -> ExportedProgram:
+    """`ep` with each node an autocast region inlined given the user line and module stack of the op it came from
+    (its casts too: they are placed at the op they feed)."""
+    if not regions:
+        return ep
+    seen: dict[str, int] = {}  # each region's generated code, numbered in the order its nodes come
+    feeds = {name for region in regions for name, meta in region.items() if "_to_copy" not in name}
+    outputs = {s.arg.name for s in ep.graph_signature.output_specs}
+    for fx in ep.graph.nodes:
+        m = _GENERATED_LINE.search(fx.meta.get("stack_trace") or "")
+        if m is None:
+            continue
+        region = seen.setdefault(m[1], len(seen))
+        meta = regions[region].get(m[2]) if region < len(regions) else None
+        if meta is not None:
+            for key in ("stack_trace", "nn_module_stack"):
+                if meta.get(key):
+                    fx.meta[key] = meta[key]
+            if fx.target is torch.ops.aten._to_copy.default and m[2] in feeds and fx.name not in outputs:
+                fx._rename(f"{m[2]}_cast")  # a cast autocast inserted: named after the op it feeds (`linear_cast`)
+    return ep
 
 
 class LoadHooks(Protocol):

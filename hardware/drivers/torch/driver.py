@@ -39,6 +39,7 @@ class TorchDriver(TensorBytes, Driver):
         self._queued = on_gpu  # the device runs what the host queued later: its own events time a node
         self.watch: OpWatch | None = None  # set while deterministic: reports the ops that are not
         self.caveats: list[str] = []
+        self._own_dtypes: dict[int, torch.dtype] = {}  # a compute pass's bitcast nodes: the dtype each reinterprets
         self.determinism: Hold | None = None  # released by the Session's close, or when the driver is collected
         if on_gpu if deterministic is None else deterministic:
             self.determinism = make_deterministic()
@@ -91,10 +92,14 @@ class TorchDriver(TensorBytes, Driver):
         for caveat in self.caveats:
             self._report(caveat)
         if self.compute is not None:
-            bound = sorted({n.op for n in program.nodes if n.op.startswith(WIDTH_BOUND_OPS)})
+            # A bitcast depends on the element width: the pass runs it at the program's own dtypes, on its inputs
+            # rounded to them (the rest of the pass stays at the compute precision).
+            self._own_dtypes = {n.index: getattr(torch, program.values[n.input_names()[0]].dtype)
+                                for n in program.nodes if n.op.startswith(WIDTH_BOUND_OPS)}
+            bound = sorted({program.nodes[i].name for i in self._own_dtypes})
             if bound:
-                raise UnsupportedOpError(f"{self.name} cannot run {', '.join(bound)} in {dtype_name(self.compute)}: "
-                                         "a bitcast depends on the element width")
+                self._report(f"{self.name} runs the bitcast(s) {', '.join(bound)} at the program's own dtypes: "
+                             "a bitcast depends on the element width")
             return {name: torch_tensors.widen(t.to(self.device), self.compute).clone()
                     for name, t in program.initial.items()}
         return {name: t.to(self.device).clone() for name, t in program.initial.items()}
@@ -106,6 +111,10 @@ class TorchDriver(TensorBytes, Driver):
 
     def _execute(self, node: Node, args: tuple, kwargs: dict) -> list[Any]:
         if self.compute is not None:
+            own = self._own_dtypes.get(node.index)
+            if own is not None:  # a bitcast reads the one tensor it reinterprets at the program's dtype
+                args = tuple(a.to(own) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+                return [torch_tensors.widen(t, self.compute) for t in torch_tensors.run(node, args, kwargs, self.device)]
             return torch_tensors.run_widened(node, args, kwargs, self.device, self.compute)
         return torch_tensors.run(node, args, kwargs, self.device)
 
