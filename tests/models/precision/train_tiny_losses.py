@@ -1,4 +1,4 @@
-"""A correct classifier trained 20 steps with cross_entropy and AdamW until its losses are near 1e-8: clean. Its
+"""A correct classifier trained 20 steps with cross_entropy and AdamW until its loss is 7e-9 at step 20: clean. Its
 losses are computed from logits of tens (their rounding is of that size), and float32 and float64 training part ways
 over the steps without any bug."""
 
@@ -22,4 +22,4 @@ def train_step():
     x = torch.randn(16, 8, generator=torch.Generator().manual_seed(0))
     y = (x[:, 0] > 0).long() + 2 * (x[:, 1] > 0).long()
     model = Classifier()
-    return model, (x * 10, y), F.cross_entropy, torch.optim.AdamW(model.parameters(), lr=0.05)
+    return model, (x * 10, y), F.cross_entropy, torch.optim.AdamW(model.parameters(), lr=0.2)
