@@ -61,7 +61,7 @@ def suggest_fixes(adapter: "RequestContext", args: SuggestFixesArguments) -> dic
     with working(adapter, "Suggesting fixes"):
         session = adapter.session
         knowledge = KnowledgeBase(_knowledge(adapter, args.knowledge))
-        findings = findings_of(investigate(session, ablate=False, origin=False))
+        findings = findings_of(investigate(session, ablate=False, origin=False, drift=False))
         suggestions = []
         for finding in findings:
             for candidate in knowledge.suggest(finding, session.forensics):

@@ -23,6 +23,7 @@ from provenance.births import Birth, node_dict
 from provenance.compare import Comparison
 from provenance.forensics import Finding, Forensics, WithForensics
 from provenance.reference import check_spec
+from provenance.trajectory import trajectory
 from provenance.origins import Origin, headline, op_name, trace_origin, traced_dict, where, worst
 
 T = TypeVar("T")
@@ -42,6 +43,7 @@ class Investigation:
     origin: Origin | None = None  # where the divergence's error was introduced, when upstream of it
     origin_note: str = ""  # how the origin was confirmed, or why there is none
     trials: list[dict] = field(default_factory=list)  # what could not run: {"node", "trial", "ran": False, "why"}
+    trajectory: list[dict] = field(default_factory=list)  # a training run's drift from a free-running reference
 
     @property
     def problem(self) -> bool:
@@ -89,7 +91,7 @@ class Investigation:
                 **({} if self.divergence else {"divergenceReason": "no node leaves the reference by more than its "
                                                                    "tolerance"}),
                 "outputs": [c.to_dict() for c in self.outputs],
-                "trials": self.trials,
+                "trials": self.trials, "trajectory": self.trajectory,
                 "ablation": self.ablation.to_dict() if self.ablation else None,
                 **({} if self.ablation else {"ablationReason": "the outputs are within tolerance, or ablation was "
                                                                "not asked for (--no-ablate)"})}
@@ -99,9 +101,10 @@ class Investigation:
 
 
 def investigate(session: WithForensics, ablate: bool = True, max_trials: int = DEFAULT_MAX_TRIALS,
-                origin: bool = True) -> Investigation:
-    """The whole investigation; `origin: False` skips tracing the divergence upstream (its ablations), for callers
-    that need the findings only (the repair loop)."""
+                origin: bool = True, drift: bool = True) -> Investigation:
+    """The whole investigation; `origin: False` skips tracing the divergence upstream (its ablations) and `drift:
+    False` a training run's free-running trajectory (a second reference pass), for callers that need the findings
+    only (the repair loop)."""
     f = session.forensics
     f.record_to_end()  # what the pass cannot run is the program's own failure, not one of an analysis
     check_spec(f.spec)  # and a reference that names nothing usable is the options' (both: exit 2)
@@ -118,8 +121,12 @@ def investigate(session: WithForensics, ablate: bool = True, max_trials: int = D
     needs_fix = not all(c.within for c in outputs)
     found = _degrading(f, "the precision search", lambda: search(f, max_trials=max_trials), None) \
         if ablate and needs_fix else None
+    budget = int((session.options.budget_mb if session.options else 1024) * 2**20)
+    curve = _degrading(f, "the free-running reference's trajectory", lambda: trajectory(
+        f.spec, session.program, budget, lambda n: f.test_value(n, session.tl.end),
+        f.progress("free-running reference"), f.collectives), []) if drift else []
     return Investigation(session.options.program, session.tl.driver.name, f.spec, len(session.program.nodes),
-                         nonfinite, divergence, outputs, found, absorbed, traced, note, list(f.unrun))
+                         nonfinite, divergence, outputs, found, absorbed, traced, note, list(f.unrun), curve)
 
 
 def _degrading(f: Forensics, what: str, work: Callable[[], T], otherwise: T) -> T:
@@ -185,6 +192,12 @@ def render(inv: Investigation, sources: dict[str, str]) -> str:
     lines += [f"  {_comparison(c)}" for c in inv.outputs]
     if inv.ablation:
         lines += ["", _ablation(inv.ablation)]
+    if inv.trajectory:
+        worst = max(inv.trajectory, key=lambda p: p["difference"])
+        lines += ["", "Trajectory (not a finding: each step above is compared from the program's own state): against "
+                  "a float64 run following its own trajectory, the losses part by up to "
+                  f"{worst['difference']:.3g} of the loss (step {worst['step']}): " +
+                  ", ".join(f"{p['difference']:.2g}" for p in inv.trajectory)]
     if inv.trials:
         lines += ["", "Could not run (the rest of the report stands without them):"]
         lines += [f"  {t['trial']}" + (f" of {t['node']}" if t["node"] else "") + f": {t['why']}" for t in inv.trials]

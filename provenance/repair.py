@@ -91,7 +91,7 @@ class RepairLoop:
         started = time.monotonic()
         deadline = started + self.limits.seconds
         self.session.experiments.restore()
-        found = investigate(self.session, ablate=False, origin=False)
+        found = investigate(self.session, ablate=False, origin=False, drift=False)
         findings = findings_of(found)
         self._enter("forensics", problem=found.problem, findings=[f.node.name for f in findings])
         report = {"program": found.program, "driver": found.driver, "reference": found.reference,

@@ -109,8 +109,25 @@ def describe_source_diffs(report: dict) -> list[str]:
                   "--original MODEL.py` checks an edited copy):"]
         for d in report["sourceDiffs"]:
             lines += d["diff"].rstrip("\n").splitlines() + [f"note: {n}" for n in d["notes"]]
-    lines += [f"Not in the source: {p['node']} ({p['op']}, {p['kind']}): {p['why']}" for p in report["notInSource"]]
+    lines += [_not_in_source(group) for group in _same_reason(report["notInSource"])]
     return lines
+
+
+def _same_reason(patches: list[dict]) -> list[list[dict]]:
+    """The patches left out of the source, those left out for the same reason together (a loop's 384 additions at
+    one line are one line of the report, not 384), in the order first seen."""
+    groups: dict[tuple, list[dict]] = {}
+    for p in patches:
+        groups.setdefault((p["op"], p["kind"], p["why"]), []).append(p)
+    return list(groups.values())
+
+
+def _not_in_source(group: list[dict]) -> str:
+    first = group[0]
+    nodes = first["node"] if len(group) == 1 else (
+        f"{first['node']}, {group[1]['node']}" if len(group) == 2 else
+        f"{len(group)} nodes ({first['node']} ... {group[-1]['node']})")
+    return f"Not in the source: {nodes} ({first['op']}, {first['kind']}): {first['why']}"
 
 
 def describe_finding(f: dict) -> str:

@@ -125,3 +125,26 @@ def test_an_analysis_that_cannot_run_is_reported_and_the_rest_stands(tmp_path):
     assert isinstance(report["trials"], list)
     for trial in report["trials"]:
         assert trial["ran"] is False and trial["why"] and "Error" not in trial["why"]
+
+
+def test_a_training_runs_drift_from_a_free_running_reference_is_a_curve_not_a_finding():
+    status, report = run(forensics_cli.main, PRECISION / "train_tiny_losses.py", "--no-ablate", "--entry",
+                         "train_step", "--steps", "20")
+    curve = report["trajectory"]
+    assert status == 0 and [p["step"] for p in curve] == list(range(20))
+    assert curve[-1]["difference"] > 100 * curve[0]["difference"]  # float32 and float64 training part ways
+    assert all(p["loss"] == p["loss"] and p["reference"] > 0 for p in curve)
+
+
+def test_the_repair_loop_fixes_an_autocast_accumulation_and_says_the_loop_once(tmp_path):
+    """`rewind repair --suggest`: the knowledge base's float32 accumulation validates; the 384 additions it cannot
+    put in the source are one line of the report."""
+    from provenance import repair_cli
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = repair_cli.main([str(PRECISION / "autocast_accumulation.py"), "--suggest", "--driver", "torch:cpu",
+                                  "--budget-mb", "64", "--knowledge", str(tmp_path / "kb.json"), "--seeds", "1",
+                                  "--scales", "8"])
+    text = out.getvalue()
+    assert status == 0 and "Verdict: validated" in text
+    assert text.count("Not in the source:") == 1 and "384 nodes" in text
