@@ -22,6 +22,7 @@ import lz4.block
 import torch
 
 from hardware import optimizer_ops  # noqa: F401  (it registers rewind::adam_update: a trace's nodes may name it)
+from hardware import random_ops  # noqa: F401  (it registers rewind::seeded_*: dropout's nodes, say)
 from hardware.errors import RewindError
 from hardware.program import Frame, Node, Phase, Program, Ref, SourceLoc, ValueInfo
 

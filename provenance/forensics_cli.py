@@ -19,6 +19,7 @@ import warnings
 
 from checkpoint.safe_files import TargetExists, check_target
 from hardware.errors import RewindError
+from hardware.events import Output
 from hardware.ranks.coordinator import Coordinator, CutStop
 from hardware.session import LaunchOptions, Session
 from provenance.ablation import DEFAULT_MAX_TRIALS
@@ -67,11 +68,25 @@ def add_pass_arguments(parser: argparse.ArgumentParser) -> None:
 
 def launch(args: argparse.Namespace) -> Session:
     """A Session with the model's pass loaded as the arguments say."""
-    session = Session()
+    notes = _LaunchNotes()
+    session = Session(notes)
     reference = args.reference if args.reference.startswith("torch:") else absolute(args.reference)  # or a file
     session.launch(LaunchOptions(absolute(args.model), entry=args.entry, steps=args.steps, driver=args.driver,
                                  budget_mb=args.budget_mb, reference=reference, rtol=args.rtol, atol=args.atol))
+    notes.open = False
     return session
+
+
+class _LaunchNotes:
+    """What the launch says (the entry a file without build() runs, a cached program discarded), on stderr beside
+    the report; what the investigation finds later is the report's to say."""
+
+    def __init__(self) -> None:
+        self.open = True
+
+    def __call__(self, event: object) -> None:
+        if self.open and isinstance(event, Output):
+            sys.stderr.write(event.text)
 
 
 def absolute(path: str) -> str:

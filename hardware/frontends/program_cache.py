@@ -73,12 +73,13 @@ class Unusable(Exception):
 def load_program(path: str, entry: str = "build", steps: int = 1, driver: str = "auto",
                  note: Callable[[str], None] | None = None) -> Program:
     """torch_train.load_program, the export of an inference pass through the program cache of the model's folder
-    (unless $REWIND_NO_CACHE is set). `note` hears why an entry was discarded."""
+    (unless $REWIND_NO_CACHE is set). `note` hears why an entry was discarded, and which entry a file without
+    build() runs."""
     if cache_off() or steps != 1:
-        return torch_train.load_program(path, entry, steps)
+        return torch_train.load_program(path, entry, steps, note)
     token = torch_export.LOAD_HOOKS.set(ProgramCache(Path(path), entry, driver, note))
     try:
-        return torch_train.load_program(path, entry, steps)
+        return torch_train.load_program(path, entry, steps, note)
     finally:
         torch_export.LOAD_HOOKS.reset(token)
 

@@ -580,17 +580,21 @@ def quiet_export() -> Iterator[list]:
     """torch reports a failing export on its own (the partial graph printed to stderr twice, a data-dependent guard
     logged), and the error Rewind raises says why, once. So what export writes to stderr and what torch's shape
     logger logs is held back: afterwards stderr is written out without the partial graph, and the log records are
-    passed on only when the export succeeded. The list it yields takes the failure, if any."""
-    logger = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    passed on only when the export succeeded (so is what fake tensors log of a failing op: its stack). The list it
+    yields takes the failure, if any."""
+    loggers = [logging.getLogger(name) for name in ("torch.fx.experimental.symbolic_shapes",
+                                                    "torch._subclasses.fake_tensor")]
     records, saved, held = _HeldRecords(), sys.stderr, io.StringIO()
     failure: list = []
-    logger.addFilter(records)
+    for logger in loggers:
+        logger.addFilter(records)
     sys.stderr = held
     try:
         yield failure
     finally:
         sys.stderr = saved
-        logger.removeFilter(records)
+        for logger in loggers:
+            logger.removeFilter(records)
         text = held.getvalue()
         graph = getattr(failure[0], "partial_fx_graph", None) if failure else None
         if graph is not None and str(graph).strip():
@@ -599,7 +603,7 @@ def quiet_export() -> Iterator[list]:
             saved.write(text)
         if not failure:
             for record in records.records:
-                logger.handle(record)
+                logging.getLogger(record.name).handle(record)
 
 
 def export_failure(exc: BaseException, model: torch.nn.Module) -> str:

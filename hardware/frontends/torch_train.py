@@ -1,15 +1,24 @@
 """A training step as a Program: forward, backward and the optimizer's update, unrolled over steps.
 
-The model file defines `train_step()` beside `build()`, returning
+The model file defines `train_step()` beside `build()` (or alone: a load of the default entry, build, of a file
+with only `train_step()` runs it, and says so to its `note`), returning
 - `(module, inputs, loss_fn, optimizer)`: the last input is the target and the loss is
-  `loss_fn(module(*inputs[:-1]), inputs[-1])`; or
+  `loss_fn(module(*inputs[:-1]), inputs[-1])`; a loss function of one required positional parameter (a closure
+  over its target, `lambda out: mse_loss(out, y)`) takes the output alone: `loss_fn(module(*inputs))`, the tensors
+  it closes over constants of the Program (the same in every step); or
 - `(module, inputs, optimizer)`: `module(*inputs)` (or `module(**inputs)`) returns the loss, a 0-dim tensor or an
   output holding a `loss` (a Hugging Face model given its labels).
 The optimizer is one of optimizers.SUPPORTED_OPTIMIZERS, its state as it is (fresh, or after steps the file
 already took); the learning rate stays as the optimizer has it (a scheduler is not followed). An optional
 `batches()` in the file yields the inputs of each step in turn (the first step's included), laid out as
 train_step()'s; without it every step takes train_step()'s inputs. Any entry that returns an optimizer is a
-training step; `train_step` is the name by convention.
+training step; `train_step` is the name by convention. Random ops draw from the CPU generator's state as it stood when
+train_step() returned (an eager loop run then draws the same numbers).
+
+The trace runs with torch's Python dispatcher, so an op with a traceable decomposition runs it (one_hot with its
+number of classes compares with an arange, where its eager kernel reads the labels to check them), as torch.export
+and AOTAutograd do. A step that cannot be traced is a ProgramLoadError saying, at the user's line, what to change
+(step_failures.py); nothing torch prints of it reaches the user.
 
 The route: torch.export of the module and its loss (user frames and module stacks as an inference Program has
 them), then make_fx over that graph run by an fx Interpreter, `torch.autograd.grad` and the optimizer's update
@@ -25,7 +34,11 @@ The Program's shape (what the Session, forensics and benchmarks may rely on):
   loc, frames and module_stack it carries; named `<forward node>_backward`, `_backward_1`, ...; a backward op
   autograd ran outside any forward op's backward has `differentiates` None and no frames), its update
   ("optimizer", no frames); then step 1's, and so on. Each node has its `step` (from 0);
-  `Program.step_starts[k]` is step k's first node. Dropout in train mode (random numbers) is refused.
+  `Program.step_starts[k]` is step k's first node. A random op (dropout in train mode, randn_like, bernoulli, ...;
+  hardware/random_ops.RANDOM_OPS) is its seeded twin `rewind.seeded_<op>`: it reads the generator state `rng_state`
+  (a buffer, uint8, the CPU generator's state; there only when the step draws) and writes the state after its draw
+  (`rng_state_updated`, recorded as a write of `rng_state`): a replay draws the same numbers. Any other random op,
+  or one given a torch.Generator of its own, is refused.
 - Values: the inputs (named by the forward's parameters or keywords; the target by the loss function's second
   parameter, else `target`), parameters `p_<attribute path>` (`p_l1_weight` for `l1.weight`, as torch.export
   names them), buffers `b_...`, constants `c_...`, and the optimizer's state per parameter, kind "buffer", named
@@ -46,6 +59,7 @@ The Program's shape (what the Session, forensics and benchmarks may rely on):
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
 import operator
 import re
@@ -57,6 +71,7 @@ from typing import Any, Callable
 
 import torch
 import torch.fx.traceback as fx_traceback
+from torch._dispatch.python import enable_python_dispatcher
 from torch.export import ExportedProgram
 from torch.export._tree_utils import reorder_kwargs
 from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
@@ -67,19 +82,23 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from hardware.errors import ProgramLoadError, echo, raised_in_user_code
 from hardware.frontends.optimizers import rule_of
+from hardware.frontends.step_failures import StepWhere, data_shaped, step_failure
 from hardware.frontends.torch_export import (Inputs, call_entry, check_input_types, checked_inputs, convert_node,
                                              export, export_program, module_and_inputs, positional_names,
                                              source_files, split_inputs, tensor_inputs, user_file)
 from hardware.program import Node, Program, ValueInfo, renamed_refs
+from hardware.random_ops import RANDOM_OPS, draw_dtype, seeded
 from hardware.torch_tensors import COLLECTIVE_NAMESPACE, dtype_name
 
 TRAIN_ENTRY = "train_step"
+DEFAULT_ENTRY = "build"
 TRAIN_RETURNS = "(module, inputs, loss_fn, optimizer), or (module, inputs, optimizer) when module(*inputs) returns " \
                 "the loss"
 BATCHES = "batches"
 MAX_STEPS = 10_000
 MAX_NODES = 250_000  # an unrolled Program's nodes: what a Timeline over it can hold and step through
 _PHASE = "rewind_phase"  # the key of the annotation that marks the traced backward and update
+RNG_STATE = "rng_state"  # the CPU generator's state, threaded through the random nodes (hardware/random_ops.py)
 _HOOK = "rewind_hook"  # the key of the annotation that marks what a parameter's gradient hook traced
 _WRAPPED = "model"  # the user's module inside the exported one
 _ALIASES = ("aten.detach.default", "aten.alias.default")  # the same values under another name: no node
@@ -93,14 +112,21 @@ class TrainingStep:
     inputs: Inputs
     loss_fn: Callable | None
     optimizer: torch.optim.Optimizer
+    loss_takes_target: bool = True  # loss_fn(output, target), the last input the target; else loss_fn(output)
+    # The CPU generator's state when train_step() returned: the first step's random ops draw from it, as an eager
+    # loop run then would.
+    rng_state: torch.Tensor = field(default_factory=torch.get_rng_state)
 
 
-def load_program(path: str | Path, entry: str = "build", steps: int = 1) -> Program:
+def load_program(path: str | Path, entry: str = "build", steps: int = 1,
+                 note: Callable[[str], None] | None = None) -> Program:
     """The Program of a model file's entry: its training step unrolled `steps` times when the entry returns an
-    optimizer (train_step()), else its inference pass (build())."""
+    optimizer (train_step()), else its inference pass (build()). `note` hears that a file with no build() but a
+    train_step() runs its training step."""
     check_steps(steps)
     file = Path(path)
     with user_file(file) as module:
+        entry = entry_in(module, entry, note)
         result = call_entry(module, entry, TRAIN_RETURNS if entry == TRAIN_ENTRY else "(module, inputs)")
         step = training_step(result, entry, file)
         batches = read_batches(module, file, step, steps) if step is not None else None
@@ -111,6 +137,17 @@ def load_program(path: str | Path, entry: str = "build", steps: int = 1) -> Prog
         model, inputs = module_and_inputs(result, entry, file)
         return export_program(model, inputs, name=file.stem)
     return training_program(step, file.stem, steps, batches)
+
+
+def entry_in(module: ModuleType, entry: str, note: Callable[[str], None] | None = None) -> str:
+    """The entry a load calls: `entry`, or train_step for the default entry (build) of a file that defines only
+    train_step (said to `note` in one line)."""
+    if entry != DEFAULT_ENTRY or hasattr(module, DEFAULT_ENTRY) or not callable(getattr(module, TRAIN_ENTRY, None)):
+        return entry
+    if note is not None:
+        note(f"{Path(module.__file__).name} defines {TRAIN_ENTRY}() and no {DEFAULT_ENTRY}(): running its training "
+             f"step (entry {TRAIN_ENTRY})")
+    return TRAIN_ENTRY
 
 
 def check_steps(steps: Any) -> None:
@@ -134,17 +171,35 @@ def training_step(result: Any, entry: str, file: Path) -> TrainingStep | None:
     loss_fn = loss[0] if loss else None
     if loss and not callable(loss_fn):
         raise ProgramLoadError(f"{entry}() in {file} returned a {type(loss_fn).__name__} where the loss function "
-                               "belongs (called as loss_fn(output, target))")
-    if loss_fn is not None and (isinstance(inputs, dict) or len(inputs) < 2):
-        raise ProgramLoadError(f"{entry}() in {file} returned a loss function, so its inputs are the module's inputs "
-                               "then the target, as a tuple (loss_fn(module(*inputs[:-1]), inputs[-1])); got "
-                               f"{'a dict' if isinstance(inputs, dict) else _count(len(inputs), 'input', 'inputs')}")
+                               "belongs (called as loss_fn(output, target), or loss_fn(output))")
+    takes_target = loss_fn is not None and _takes_target(loss_fn)
+    if takes_target and (isinstance(inputs, dict) or len(inputs) < 2):
+        raise ProgramLoadError(f"{entry}() in {file} returned a loss function of the output and the target, so its "
+                               "inputs are the module's inputs then the target, as a tuple (loss_fn(module("
+                               "*inputs[:-1]), inputs[-1])); got "
+                               f"{'a dict' if isinstance(inputs, dict) else _count(len(inputs), 'input', 'inputs')}: "
+                               "give the target among the inputs, or a loss of the output alone (lambda out: ...)")
     rule_of(optimizer)
     owned = {id(p) for p in model.parameters()}
     if any(id(p) not in owned for group in optimizer.param_groups for p in group["params"]):
         raise ProgramLoadError(f"the optimizer {entry}() in {file} returned updates a tensor that is not a parameter "
                                "of its module")
-    return TrainingStep(model, inputs, loss_fn, optimizer)
+    return TrainingStep(model, inputs, loss_fn, optimizer, takes_target)
+
+
+def _takes_target(loss_fn: Callable) -> bool:
+    """Does the loss function take the target after the output? A function of one required positional parameter
+    (a closure over its target, `lambda out: ...`) takes the output alone; a loss module (nn.CrossEntropyLoss) or
+    a function of two, or of `*args`, takes the target too."""
+    fn = loss_fn.forward if isinstance(loss_fn, torch.nn.Module) else loss_fn
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin Python cannot read: as torch's losses, (input, target)
+        return True
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return True
+    required = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+    return len(required) != 1
 
 
 def _kinds(result: Any) -> str:
@@ -216,8 +271,9 @@ def _tensor_kind(t: torch.Tensor) -> str:
 class _LossOf(torch.nn.Module):
     """The user's module and its loss as one module whose forward returns the loss: what is exported."""
 
-    def __init__(self, model: torch.nn.Module, loss_fn: Callable | None):
+    def __init__(self, model: torch.nn.Module, loss_fn: Callable | None, takes_target: bool = True):
         super().__init__()
+        self.takes_target = takes_target
         self.model = model  # named _WRAPPED: the Program names its parameters and modules without it
         if loss_fn is not None and not isinstance(loss_fn, torch.nn.Module):
             # Export keeps the frames of forward methods only, and of functions annotated: the loss function's
@@ -228,6 +284,8 @@ class _LossOf(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         if self.loss_fn is None:
             return _loss_in(self.model(*args, **kwargs))
+        if not self.takes_target:
+            return self.loss_fn(self.model(*args, **kwargs))
         return self.loss_fn(self.model(*args[:-1]), args[-1])
 
 
@@ -247,7 +305,10 @@ def training_program(step: TrainingStep, name: str, steps: int = 1, batches: lis
     check_steps(steps)
     args, kwargs = split_inputs(step.inputs)
     check_input_types(step.model, args, kwargs)
-    ep = export(_LossOf(step.model, step.loss_fn), args, kwargs, name, step.model)
+    ep = export(_LossOf(step.model, step.loss_fn, step.loss_takes_target), args, kwargs, name, step.model)
+    refused = data_shaped(ep.graph)
+    if refused is not None:
+        raise ProgramLoadError(refused)
     one = _Tracer(ep, step, tensor_inputs(ep, args, kwargs)).trace()
     if steps * len(one.nodes) > MAX_NODES:
         raise ProgramLoadError(f"{steps} steps of {len(one.nodes)} nodes each make {steps * len(one.nodes)} nodes; "
@@ -375,6 +436,8 @@ class _Tracer:
                     raise ProgramLoadError(f"'{target}' is a {type(tensor).__name__}; only tensors are supported")
                 name = prefix + re.sub(r"\W", "_", target)
                 self._add(name, kind, tensor, target)
+            elif isinstance(state.get(spec.target), torch.Generator):
+                raise ProgramLoadError(_OWN_GENERATOR.format(op=_user_op(self.ep, spec.arg.name)))
             else:
                 raise ProgramLoadError(f"the training step takes a {spec.kind.name.lower()} '{spec.arg.name}', "
                                        "which Rewind does not support")
@@ -386,7 +449,7 @@ class _Tracer:
         model, loss_fn = self.step.model, self.step.loss_fn
         args, kwargs = split_inputs(self.step.inputs)
         names = positional_names(model.forward)
-        if loss_fn is not None:
+        if loss_fn is not None and self.step.loss_takes_target:
             names = [names[i] if i < len(names) else f"input_{i}" for i in range(len(args) - 1)]
             names.append((positional_names(loss_fn)[1:2] or ["target"])[0])
         if kwargs and self.ep.call_spec.in_spec is not None:
@@ -427,21 +490,28 @@ class _Tracer:
     def _make_fx(self) -> tuple[torch.fx.GraphModule, list[tuple[str, str]]]:
         """The traced step and its outputs' layout: (role, value name) per output, the role one of loss, grad (of
         the parameter named) and updated (the parameter, optimizer state or buffer named)."""
+        self._add(RNG_STATE, "buffer", self.step.rng_state)
         names = list(self.flat)
         sig = self.ep.graph_signature
         mutated = [_placeholder_for(sig, s.target) for s in sig.output_specs if s.kind == OutputKind.BUFFER_MUTATION]
         layout: list[tuple[str, str]] = []
 
+        where = StepWhere()
+        random = _SeededRandom()
+
         def one_step(*flat: torch.Tensor) -> tuple:
             env = dict(zip(names, flat))
-            outs = torch.fx.Interpreter(self.ep.graph_module).run(*(env[n] for n in self.order))
+            random.state = env[RNG_STATE]
+            outs = _Forward(self.ep.graph_module, where).run(*(env[n] for n in self.order))
             loss = outs[len(mutated)]
-            _tag_backward(loss)
+            _tag_backward(loss, where)
             trained = list(self.updates)
+            where.phase = "backward"
             with fx_traceback.annotate({_PHASE: "backward"}):
                 grads = torch.autograd.grad(loss, [env[p] for p in trained], allow_unused=True)
             layout[:] = [("loss", "loss")]
             results = [loss]
+            where.phase = "optimizer"
             with torch.no_grad(), fx_traceback.annotate({_PHASE: "optimizer"}):
                 for param, grad in zip(trained, grads):
                     if grad is None:
@@ -456,15 +526,28 @@ class _Tracer:
             for buf, tensor in zip(mutated, outs[: len(mutated)]):
                 layout.append(("updated", self.order[buf]))
                 results.append(tensor)
+            if random.drew:
+                layout.append(("updated", RNG_STATE))
+                results.append(random.state)
             return tuple(results)
 
         flat = [t.clone().requires_grad_(n in self.updates) for n, t in self.flat.items()]
         self._carry_gradient_hooks(dict(zip(self.flat, flat)))
         ranked = torch.distributed.is_available() and torch.distributed.is_initialized()
-        with fx_traceback.preserve_node_meta(), _CollectivesNotRun() if ranked else contextlib.nullcontext():
-            gm = make_fx(one_step)(*flat)
+        # The Python dispatcher runs an op's traceable decomposition where torch has one (one_hot's compares with
+        # an arange; its eager kernel reads the labels' values to check them), as torch.export and AOTAutograd do.
+        try:
+            with fx_traceback.preserve_node_meta(), enable_python_dispatcher(), random, \
+                    _CollectivesNotRun() if ranked else contextlib.nullcontext():
+                gm = make_fx(one_step)(*flat)
+        except ProgramLoadError:
+            raise
+        except Exception as exc:  # torch's words and stack are the trace's, not the user's: told in theirs
+            raise ProgramLoadError(f"the training step cannot be traced: {step_failure(exc, where)}") from None
         if not any(role == "grad" for role, _ in layout):
             raise ProgramLoadError("the loss does not depend on any parameter the optimizer updates")
+        if not random.drew:  # the last traced input, read by no node: no value of the Program
+            del self.flat[RNG_STATE], self.values[RNG_STATE]
         return gm, layout
 
     def _carry_gradient_hooks(self, traced: dict[str, torch.Tensor]) -> None:
@@ -575,16 +658,67 @@ def _check_loss(ep: ExportedProgram) -> None:
 
 
 def _refuse_random(fx: torch.fx.Node) -> None:
-    """A node drawing random numbers (dropout in train mode) cannot be replayed bit for bit."""
+    """A node drawing random numbers from a generator Rewind does not thread through the Program (an op with no
+    seeded twin, hardware/random_ops.py) cannot be replayed bit for bit."""
     if isinstance(fx.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in fx.target.tags:
-        raise ProgramLoadError(f"the training step draws random numbers ({fx.target}, as dropout does in train mode), "
-                               "which stepping back cannot replay: call module.eval() in train_step(), or set the "
-                               "dropout probability to 0")
+        raise ProgramLoadError(f"the training step draws random numbers with {fx.target.overloadpacket.__name__}, "
+                               "which stepping back cannot replay; Rewind replays "
+                               f"{', '.join(sorted({op.overloadpacket.__name__ for op in RANDOM_OPS}))} (dropout "
+                               "included): draw with one of those, or make the numbers an input of the step")
 
 
-def _tag_backward(loss: torch.Tensor) -> None:
+def _user_op(ep: ExportedProgram, placeholder: str) -> str:
+    """The op of the first node that reads an input of the exported graph (`bernoulli`)."""
+    node = next(n for n in ep.graph.nodes if n.name == placeholder)
+    target = next((u.target for u in node.users), None)
+    return getattr(getattr(target, "overloadpacket", None), "__name__", "a random op")
+
+
+_OWN_GENERATOR = ("the training step draws random numbers with {op} from a torch.Generator of its own, which Rewind "
+                  "cannot replay: draw from torch's default generator (torch.manual_seed in train_step() seeds it)")
+
+
+class _SeededRandom(TorchDispatchMode):
+    """Above make_fx's tracer: each random op runs as its seeded twin (hardware/random_ops.py), from the generator
+    state `state` (a traced value, `rng_state`), which it then replaces with the state after the draw. An op given
+    its own torch.Generator is refused: its state is not the one threaded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state: torch.Tensor | None = None
+        self.drew = False
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        twin = seeded(func)
+        if twin is None:
+            return func(*args, **kwargs)
+        if kwargs.pop("generator", None) is not None:
+            raise ProgramLoadError(_OWN_GENERATOR.format(op=func.overloadpacket.__name__))
+        *outs, self.state = twin(self.state, draw_dtype(args, kwargs), *args, **kwargs)
+        self.drew = True
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+class _Forward(torch.fx.Interpreter):
+    """The exported module-and-loss run under the trace, telling `where` which node runs (a failure names its
+    line) and which node made each autograd node (a failing gradient names the line it differentiates)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, where: StepWhere):
+        super().__init__(gm)
+        self.where = where
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        self.where.running = n
+        result = super().run_node(n)
+        self.where.ran(n, result)
+        return result
+
+
+def _tag_backward(loss: torch.Tensor, where: StepWhere) -> None:
     """Make each backward op the trace records carry the sequence number of the forward op it differentiates: a
-    hook on every autograd node of the loss's graph says which node runs (torch's AOTAutograd does the same)."""
+    hook on every autograd node of the loss's graph says which node runs (torch's AOTAutograd does the same), and
+    tells `where`."""
     seen: set = set()
     todo = [loss.grad_fn]
     while todo:
@@ -593,9 +727,14 @@ def _tag_backward(loss: torch.Tensor) -> None:
             continue
         seen.add(fn)
         seq = fn._sequence_nr()
-        fn.register_prehook(lambda _grads, seq=seq: fx_traceback.set_grad_fn_seq_nr(seq))
+        fn.register_prehook(lambda _grads, seq=seq: _differentiating(seq, where))
         fn.register_hook(lambda _inputs, _outputs: fx_traceback.reset_grad_fn_seq_nr())
         todo.extend(f for f, _ in fn.next_functions)
+
+
+def _differentiating(seq: int, where: StepWhere) -> None:
+    where.differentiating = seq
+    fx_traceback.set_grad_fn_seq_nr(seq)
 
 
 def _traced_hook(hook: Callable) -> Callable:

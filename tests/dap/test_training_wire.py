@@ -157,3 +157,100 @@ def test_the_console_breaks_in_the_backward_goes_to_a_step_and_prints_a_gradient
     assert not records["goto step 3"]["ok"] and "its steps are 0..2" in records["goto step 3"]["error"]
     assert records["print grad(scale).shape"]["result"]["result"] == "torch.Size([4])"
     assert run.returncode == 1  # one command failed: goto step 3
+
+
+# -- training steps as people write them (tests/test_training_as_written.py has the Python API's side) -----------
+
+ONE_HOT = MODELS / "training" / "one_hot_loss.py"
+CLOSURE = MODELS / "training" / "closure_loss.py"
+DROPOUT = MODELS / "training" / "dropout_noise.py"
+SHOWN = {"rel": 1e-4, "abs": 1e-5}  # an answer shows 5 digits
+
+
+def launched_over_the_wire(schema, program, **launch) -> tuple[Debugger, list[str]]:
+    """A server that launched `program` and ran it to its end; the output events of its launch."""
+    debugger = Debugger.spawn(schema)
+    stop = debugger.start(program, stopOnEntry=True, **launch)
+    assert stop["reason"] == "entry"
+    said = [m["body"]["output"] for m in debugger.messages if m.get("event") == "output"]
+    assert debugger.motion("continue")["reason"] == "end"
+    return debugger, said
+
+
+def test_a_one_hot_loss_runs_over_the_wire_and_its_losses_are_eager_torchs(schema):
+    from tests.test_training_as_written import eager_steps
+    debugger, _ = launched_over_the_wire(schema, ONE_HOT, entry="train_step", steps=3)
+    try:
+        eager, _ = eager_steps(ONE_HOT)
+        for k, (loss, _) in enumerate(eager):
+            assert debugger.number("loss" + (f"_step{k}" if k else "")) == pytest.approx(loss.item(), **SHOWN)
+    finally:
+        debugger.close()
+
+
+def test_a_file_of_train_step_alone_with_a_closure_loss_launches_without_an_entry_and_says_so(schema):
+    from tests.test_training_as_written import eager_steps
+    debugger, said = launched_over_the_wire(schema, CLOSURE, steps=3)  # no entry: the default, build, is not there
+    try:
+        assert [s for s in said if "train_step" in s] == [
+            "closure_loss.py defines train_step() and no build(): running its training step (entry train_step)\n"]
+        eager, _ = eager_steps(CLOSURE, closure=True)
+        assert debugger.number("loss_step2") == pytest.approx(eager[2][0].item(), **SHOWN)
+    finally:
+        debugger.close()
+
+
+def test_dropout_over_the_wire_draws_eager_torchs_numbers_and_the_same_mask_back_and_forth(schema):
+    from tests.test_training_as_written import eager_steps, training
+    debugger, _ = launched_over_the_wire(schema, DROPOUT, entry="train_step", steps=3)
+    try:
+        _, dropped = eager_steps(DROPOUT, seen="drop")
+        node = next(n for n in training(DROPOUT).nodes if n.name == "seeded_native_dropout_step1")  # the module's
+        output, mask = node.outputs[:2]
+        timeline = debugger.request("timeline", {"start": 0, "count": 1000})["ticks"]
+        tick = next(t["tick"] for t in timeline if t["node"] == node.name)
+        debugger.motion("goto", {"threadId": 1, "targetId": tick + 2})  # just after it (a target is a tick + 1)
+        assert debugger.position() == tick + 1
+        drawn = debugger.evaluate(f"{mask}.sum()")["result"], debugger.number(f"{output}.sum()")
+        assert drawn[1] == pytest.approx(dropped[1].sum().item(), **SHOWN)
+        one = {"threadId": 1, "granularity": "instruction"}
+        debugger.motion("stepBack", one)
+        assert debugger.position() == tick
+        debugger.motion("next", one)
+        assert debugger.position() == tick + 1
+        assert (debugger.evaluate(f"{mask}.sum()")["result"], debugger.number(f"{output}.sum()")) == drawn
+        debugger.motion("goto", {"threadId": 1, "targetId": 1})
+        debugger.motion("goto", {"threadId": 1, "targetId": tick + 2})  # replayed from a checkpoint
+        assert (debugger.evaluate(f"{mask}.sum()")["result"], debugger.number(f"{output}.sum()")) == drawn
+    finally:
+        debugger.close()
+
+
+def test_a_step_that_cannot_be_traced_is_refused_over_the_wire_at_the_users_line_in_words(schema, tmp_path):
+    from tests.test_training_as_written import step_file
+    path = step_file(tmp_path, "model.l.weight.register_hook(lambda g: g if g.sum() > 0 else -g)")
+    debugger = Debugger.spawn(schema)
+    try:
+        debugger.initialize()
+        with pytest.raises(DapError) as caught:
+            debugger.request("launch", {"program": str(path), "entry": "train_step", "driver": "torch:cpu"})
+        message = caught.value.message
+        assert "model.py:17 `model.l.weight.register_hook(lambda g: g if g.sum() > 0 else -g)` reads a tensor's " \
+               "value" in message
+        assert "Traceback" not in message and "Error" not in message
+    finally:
+        debugger.close()
+
+
+def test_the_console_runs_a_file_of_train_step_alone_says_which_entry_and_prints_its_losses():
+    from tests.test_training_as_written import eager_steps
+    run = rewind("debug", str(CLOSURE), "--driver", "torch:cpu", "--steps", "2",
+                 stdin="continue\nprint loss_step1\nquit\n")
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0] == "closure_loss.py defines train_step() and no build(): running its training step (entry " \
+                       "train_step)"
+    eager, _ = eager_steps(CLOSURE, closure=True)
+    shown = next(line for line in lines if line.startswith("loss_step1 = "))
+    assert float(shown.rsplit("=", 1)[1]) == pytest.approx(eager[1][0].item(), **SHOWN)
+    assert "Traceback" not in run.stdout + run.stderr
