@@ -39,17 +39,46 @@ def _validate_cli() -> ModuleType:
     return validate_cli
 
 
+def _compare_cli() -> ModuleType:
+    from provenance.candidates import cli  # deferred: imports torch, which only this command needs
+    return cli
+
+
+class _ValidateFunction:
+    """`rewind validate --function NAME CANDIDATE --against REF`: a candidate function on a coverage suite
+    (provenance/candidates/cli.py); without --function, an edited copy of a model (provenance/validate_cli.py)."""
+
+    __doc__ = "validate a candidate function against a reference function on a generated coverage suite"
+    add_arguments = staticmethod(lambda parser: _compare_cli().add_arguments(parser))
+    run = staticmethod(lambda args: _compare_cli().run_validate(args))
+
+
+def _kernel_command(argv: list[str]) -> bool:
+    """forensics, validate or repair with --entry kernel: a Triton kernel file (docs/kernels.md)."""
+    return bool(argv) and argv[0] in ("forensics", "validate", "repair") and (
+        "--entry=kernel" in argv or any(a == "--entry" and b == "kernel" for a, b in zip(argv, argv[1:])))
+
+
+def _kernel_commands() -> ModuleType:
+    from hardware.drivers.triton import commands  # deferred: imports torch and Triton, which only a kernel needs
+    return commands
+
+
 # The tools that run the model in this process: help, how to load the module that parses and runs them, and
 # whether they launch a session (whose program may come from the program cache).
 TOOLS: dict[str, tuple[str, Callable[[], ModuleType], bool]] = {
     "forensics": ("find, classify and fix a numerical problem in one shot", _forensics_cli, True),
     "repair": ("validate candidate fixes and record the ones that hold", _repair_cli, True),
     "validate": ("validate an edited copy of a model against the original", _validate_cli, False),
+    "compare": ("compare a candidate model or function with a trusted one, down to the line where they part",
+                _compare_cli, False),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if _kernel_command(argv):
+        return _kernel_commands().main(argv)
     parser = argparse.ArgumentParser(prog="rewind", description="Rewind: a time-travel debugger for AI accelerators.")
     commands = parser.add_subparsers(dest="command", required=True)
     debug = commands.add_parser("debug", help="debug a model in the console",
@@ -81,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, (summary, load, cached) in TOOLS.items():
         tool = commands.add_parser(name, help=summary)
         if name == chosen:  # only the chosen tool is imported (and so parses its arguments)
-            module = load()
+            module = _ValidateFunction if name == "validate" and "--function" in argv else load()
             tool.description = module.__doc__.splitlines()[0]
             module.add_arguments(tool)
             if cached:

@@ -1,0 +1,18 @@
+"""A layer norm written out by hand. Planted: the mean is taken over the rows (dim=0) instead of each row's
+features; layer_norm_fixed.py is the fix."""
+
+import torch
+
+from reference import norm_inputs
+
+
+def layer_norm(x, weight, bias):
+    mean = x.mean(dim=0, keepdim=True)
+    centered = x - mean
+    var = (centered * centered).mean(dim=-1, keepdim=True)
+    normed = centered * torch.rsqrt(var + 1e-5)
+    return normed * weight + bias
+
+
+def inputs():
+    return norm_inputs()
