@@ -102,5 +102,5 @@ def write_memory(adapter: "RequestContext", args: WriteMemoryArguments) -> dict:
         if adapter.client.memory_event:
             adapter.emit("memory", {"memoryReference": args.memoryReference, "offset": args.offset,
                                     "count": len(data)})
-        adapter.events.invalidate("variables")
+        adapter.resume(lambda: adapter.session.after_edit(value), "Editing")  # the edit is a step: a stop
     return {"bytesWritten": len(data)}

@@ -155,8 +155,10 @@ def decode(body: bytes) -> dict[str, Any] | FramingError:
     if not isinstance(message, dict):
         return FramingError(f"a message must be a JSON object, got {JSON_KINDS.get(type(message), 'a value')}")
     seq, command = message.get("seq"), message.get("command")
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
-        return FramingError(f"a message needs a positive integer 'seq', got {seq!r}",
+    # 0 too (nvim-dap 0.6 starts there, and debugpy answers it); below 0 are the front's own (server.py's replays)
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        return FramingError(f"a message needs a whole-number 'seq' of 0 or more, got {json.dumps(seq)[:40]}",
+                            seq=seq if isinstance(seq, int) and not isinstance(seq, bool) else None,
                             command=command if isinstance(command, str) else None)
     if message.get("type") != "request" or not isinstance(command, str):
         kind = message.get("type")
@@ -169,14 +171,14 @@ JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a numb
               type(None): "null"}
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _BRACKET = re.compile(rb"[\[\]{}]")
-_SEQ = re.compile(rb'"seq"\s*:\s*(\d{1,15})\b')
+_SEQ = re.compile(rb'"seq"\s*:\s*(-?\d{1,15})\b')
 _COMMAND = re.compile(rb'"command"\s*:\s*"([A-Za-z0-9_]{1,64})"')
 
 
 def _salvage(body: bytes) -> tuple[int | None, str | None]:
     """`seq` and `command` read from the raw text of a body that may not parse, so it can still be answered."""
     seq, command = _SEQ.search(body[:4096]), _COMMAND.search(body[:4096])
-    return (int(seq[1]) if seq and int(seq[1]) >= 1 else None), (command[1].decode() if command else None)
+    return (int(seq[1]) if seq else None), (command[1].decode() if command else None)
 
 
 def _nesting(body: bytes) -> int:

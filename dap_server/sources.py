@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import urllib.parse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,11 +26,21 @@ def source_path(ref: SourceRef) -> str:
         raise RewindError("a source must be given by 'path' (Rewind's sources are files on disk)")
     if "\0" in ref.path:
         raise RewindError(f"source path '{echo(ref.path)}' contains a NUL character: it names no file")
+    path = _from_uri(ref.path) if ref.path.startswith("file:") else ref.path
     try:
-        return str(Path(ref.path).resolve())
+        return str(Path(path).resolve())
     except (OSError, ValueError, RuntimeError) as exc:  # too long, a symlink loop, ...
         reason = getattr(exc, "strerror", None) or "it cannot be resolved"
         raise RewindError(f"source path '{echo(ref.path)}' names no file: {reason.lower()}") from None
+
+
+def _from_uri(uri: str) -> str:
+    """The path a file URI names (nvim-dap sends `file:///home/me/model.py` where DAP has a path)."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.netloc not in ("", "localhost"):
+        raise RewindError(f"source '{echo(uri)}' is a file on the machine '{echo(parts.netloc)}': Rewind reads the "
+                          "files of the machine it runs on (give a path, or a file:/// URI)")
+    return urllib.parse.unquote(parts.path)
 
 
 class SourceArguments(Arguments):

@@ -235,7 +235,7 @@ def _set_element(adapter: "RequestContext", value: str, index: tuple[int, ...], 
     if not isinstance(new, (int, float, bool)):
         raise RewindError(f"'{echo(text)}' is not a number")
     session.set_element(value, index, float(new) if isinstance(new, float) else new)
-    adapter.events.invalidate("variables")
+    adapter.resume(lambda: session.after_edit(value), "Editing")  # the edit is a step: the client hears the stop
     element = session.tensor(value)[index] if index else session.tensor(value)
     return {"value": number(element.item()), "type": _dtype(element), "variablesReference": 0}
 
@@ -313,7 +313,8 @@ def scopes(adapter: "RequestContext", args: ScopesArguments) -> dict:
     node = session.frame_node()  # the node the top frame shows: about to run, or the writer after a write stop
     if level == 0 and node is not None:
         entries = [Entry(n, n, "input") for n in node.input_names()] + [Entry(n, n, "output") for n in node.outputs]
-        out.append(_scope(adapter, f"Node {node.name} ({node.op_short})", entries, "arguments"))
+        # the operands of the op about to run, as a machine debugger's registers are an instruction's
+        out.append(_scope(adapter, f"Node {node.name} ({node.op_short})", entries, "registers"))
     arguments = session.frame_arguments(level)  # the frame's parameters, as it was called
     names = session.source_names(level=level)  # its variables now, parameters included, as Python's locals()
     if arguments:
@@ -321,13 +322,14 @@ def scopes(adapter: "RequestContext", args: ScopesArguments) -> dict:
         out.append(_scope(adapter, "Arguments", entries, "arguments"))
     out.append(_scope(adapter, "Locals", [Entry(k, v) for k, v in names.items()], "locals"))
     live = [n for n in session.live_values() if program.values[n].kind not in _PARAMETER_KINDS]
-    out.append(_scope(adapter, "Live values", [Entry(n, n) for n in live], None))
+    # The whole program's values, growing with the model: fetched when the user opens them, not on every stop.
+    out.append(_scope(adapter, "Live values", [Entry(n, n) for n in live], None, expensive=True))
     gradients = session.gradients()  # a training step's, by parameter: `grad(l1.weight)` evaluates to one
     if gradients:
         entries = [Entry(f"grad({path})", value, "gradient") for path, value in gradients.items()]
-        out.append(_scope(adapter, "Gradients", entries, None, expensive=len(entries) > 200))
+        out.append(_scope(adapter, "Gradients", entries, None, expensive=True))
     params = [n for n, info in program.values.items() if info.kind in _PARAMETER_KINDS]
-    out.append(_scope(adapter, "Parameters", [Entry(n, n) for n in params], None, expensive=len(params) > 200))
+    out.append(_scope(adapter, "Parameters", [Entry(n, n) for n in params], None, expensive=True))
     return {"scopes": out}
 
 

@@ -25,6 +25,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from hardware.line_executions import LineExecutions
 from hardware.program import Frame, Node, Program
 
 Binding = Any  # str | tuple | dict | None, as the module docstring says
@@ -325,7 +326,9 @@ class SourceScopes:
 
     def _runs(self, inst: Instance) -> list[_Run]:
         nodes, level, fn = self.program.nodes, inst.level, inst.function
+        executions = LineExecutions.of(self.program)
         runs: list[_Run] = []
+        prev: tuple[Frame, ...] = ()
         for n in inst.nodes:
             f = nodes[n].frames[level]
             stmt = fn.statement(f.loc.line) if fn is not None else None
@@ -333,20 +336,13 @@ class SourceScopes:
             ids = self.node_instances[n]
             child = ids[level + 1] if len(ids) > level + 1 else None
             run = runs[-1] if runs else None
-            if run is not None and run.key == key and child is not None and child not in run.children:
-                new = self.instances[child].frame
-                for c in run.children:  # the same code called again from this line: the next iteration of a loop
-                    old = self.instances[c].frame
-                    if (old.loc.file, old.loc.function) == (new.loc.file, new.loc.function) \
-                            and old.module_path != new.module_path:
-                        run = None
-                        break
-            if run is None or run.key != key:
+            if run is None or run.key != key or executions.begins(prev, nodes[n], level):  # a loop's next iteration
                 run = _Run(stmt, key, n, n)
                 runs.append(run)
             run.last = n
             if child is not None and child not in run.children:
                 run.children.append(child)
+            prev = nodes[n].frames
         return runs
 
     # -- following a frame ---------------------------------------------------------------------------------------

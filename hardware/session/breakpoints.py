@@ -29,6 +29,7 @@ import torch
 from hardware.errors import ExpressionError, echo
 from hardware.events import Output
 from hardware.expressions import compile_expression, evaluate, truth
+from hardware.line_executions import LineExecutions
 from hardware.program import Frame, Program, module_path_text
 from hardware.session.state import SessionState
 from hardware.source_names import parse_source
@@ -113,24 +114,6 @@ def check_breakpoint_expressions(condition: str | None, hit_condition: str | Non
         compile_expression(expr)
 
 
-def _frame_key(f: Frame) -> tuple:
-    return (f.loc.file, f.loc.line, f.module_path)
-
-
-def line_begins(frames_prev: tuple[Frame, ...], frames: tuple[Frame, ...], level: int) -> bool:
-    """Does the line at frames[level] begin executing here (after frames_prev)?"""
-    if len(frames_prev) <= level:
-        return True
-    if [_frame_key(f) for f in frames_prev[: level + 1]] != [_frame_key(f) for f in frames[: level + 1]]:
-        return True
-    # Same line, same frames: a new call from it into another instance of the same code is a new execution
-    # (a loop over layers calls Block.forward of blocks.0, then of blocks.1).
-    if len(frames_prev) > level + 1 and len(frames) > level + 1:
-        a, b = frames_prev[level + 1], frames[level + 1]
-        return (a.loc.file, a.loc.function) == (b.loc.file, b.loc.function) and a.module_path != b.module_path
-    return False
-
-
 def resolve_line(program: Program, file: str, line: int) -> tuple[int | None, str | None]:
     """The line a breakpoint binds to: `line` if a node runs there, else the next line with one in the same
     function; (None, reason) when there is none."""
@@ -165,6 +148,7 @@ def line_positions(program: Program, node_at: Callable[[int], object], end: int,
     node of another phase than the one before it begins an execution of its own: a line's backward is not more of
     its forward, even where the last forward node and the first backward node are on the same line."""
     out = []
+    executions = LineExecutions.of(program)
     prev: tuple[Frame, ...] = ()
     prev_phase = None
     for tick in range(end):
@@ -176,7 +160,7 @@ def line_positions(program: Program, node_at: Callable[[int], object], end: int,
             prev = ()
         for level, f in enumerate(frames):
             if f.loc.file == file and f.loc.line == line:
-                if line_begins(prev, frames, level) and (phases is None or node.phase in phases):
+                if executions.begins(prev, node, level) and (phases is None or node.phase in phases):
                     out.append(tick)
                 break
         prev, prev_phase = frames, node.phase

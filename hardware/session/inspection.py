@@ -87,9 +87,7 @@ class Inspection:
         tick, after, depth = self._shown()
         node = tl.node_at(tick) if tick >= 0 else None
         if node is None:
-            step = tl.step_at(tick) if tick >= 0 else None
-            label = f"edit of {step.edit.value}{after}" if step and step.edit else "<start>"
-            return [FrameInfo(0, label, None, None, None)]
+            return self._edit_frames(tick, after)
         out = []
         forward = tl.program.forward_node(node)  # a backward node's frames are those of the node it differentiates
         step = self.state.step_of(tick)
@@ -109,6 +107,33 @@ class Inspection:
             out.append(FrameInfo(0, label, None, None, node.module_path))
         return out
 
+    def _edit_frames(self, tick: Tick, after: str) -> list[FrameInfo]:
+        """A user's edit at `tick`, at the line of the node that computed the edited value (of the node about to run
+        after it, for an input or a parameter), the frames of that node around it."""
+        tl = self.state.tl
+        step = tl.step_at(tick) if tick >= 0 else None
+        if step is None or step.edit is None:
+            return [FrameInfo(0, "<start>", None, None, None)]
+        label = f"edit of {step.edit.value}{after}"
+        anchor = self._edit_anchor(tick)
+        if anchor is None or not anchor.frames:
+            return [FrameInfo(0, label, None, None, None)]
+        return [FrameInfo(i, label if i == 0 else f"{f.module_class or ''}.{f.loc.function} "
+                          f"[{f.module_path or '<root>'}]".lstrip("."), f.loc.file, f.loc.line, f.module_path)
+                for i, f in enumerate(reversed(anchor.frames))]
+
+    def _edit_anchor(self, tick: Tick) -> Node | None:
+        """The node whose line an edit at `tick` is shown at: the edited value's producer, else the next node."""
+        tl = self.state.tl
+        step = tl.step_at(tick)
+        if step is None or step.edit is None:
+            return tl.node_at(tick) if tick >= 0 else None
+        producer = tl.program.values[step.edit.value].producer
+        if producer is not None:
+            return tl.program.nodes[producer]
+        later = next((tl.node_at(t) for t in range(tick + 1, tl.end) if tl.node_at(t) is not None), None)
+        return later
+
     def _frame(self, position: Tick | None, level: int) -> tuple[Node | None, Instance | None, int, int]:
         """(the node whose stack has frame `level`, that frame's instance, the position names are read at, how many
         frames the stack has). Without a position: the stack shown now (`frames`); with one, the stack of the node
@@ -121,7 +146,9 @@ class Inspection:
             pos = position
             tick = pos if pos < tl.end else tl.end - 1
             depth = len(self.state.frames_at(tick)) if tick >= 0 else 0
-        node = tl.node_at(tick) if tick >= 0 else None
+        node = self._edit_anchor(tick) if tick >= 0 else None
+        if node is not None and tl.node_at(tick) is None:  # an edit: named as at the edited value's line
+            depth = len(node.frames)
         if node is None or self._scopes is None or not 0 <= level < depth:
             return node, None, pos, depth
         ids = self._scopes.node_instances[node.index]

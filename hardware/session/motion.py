@@ -23,8 +23,9 @@ from typing import Callable
 from checkpoint.timeline import Timeline
 from hardware.errors import RewindError, echo
 from hardware.events import ExceptionDetails, Invalidated, ProgressAfter, Stopped
+from hardware.line_executions import LineExecutions
 from hardware.program import Frame
-from hardware.session.breakpoints import BreakpointTable, line_begins
+from hardware.session.breakpoints import BreakpointTable
 from hardware.session.exception_filters import ExceptionFilters
 from hardware.session.instruction_level import InstructionLevel
 from hardware.session.state import SessionState, after_write
@@ -50,7 +51,12 @@ class Motion:
         """After configuration: stop at entry, or run to the first stop."""
         if self.state.options and self.state.options.stop_on_entry:
             return self.stopped(Stop("entry", self.tl.position, "stopped on entry"))
-        return self.run(Direction.FORWARD)
+        here = self.breakpoints.stop_at(self.tl.position, Direction.FORWARD) if self.breakpoints.verified() else None
+        return self.stopped(here) if here is not None else self.run(Direction.FORWARD)  # a breakpoint where it starts
+
+    def after_edit(self, value: str) -> Stop:
+        """An edit is a step (the position moves past it): the stop it leaves, for the client to show."""
+        return self.stopped(self._end_or(Stop("step", self.tl.position, f"after the edit of {value}")))
 
     def pause(self) -> None:
         """Thread-safe: ask the running motion, or the one about to start, to stop at its next tick.
@@ -202,11 +208,13 @@ class Motion:
     def _continues(self, frames: tuple[Frame, ...], a: Tick, b: Tick, depth: int) -> bool:
         """Do ticks a and b = a + 1 run one execution of the line frames[depth - 1] is at (or calls it makes)?
 
-        A loop over layers runs its line once per layer: a new call from it into another instance of the same
-        code begins a new execution (breakpoints and goto targets count executions the same way)."""
+        A loop over layers runs its line once per layer (line_executions.py; breakpoints and goto targets count
+        executions the same way)."""
         fa, fb = self.state.frames_at(a), self.state.frames_at(b)
-        return (_in_line(frames, fa, depth) and _in_line(frames, fb, depth) and not line_begins(fa, fb, depth - 1)
-                and self.tl.node_at(a).phase == self.tl.node_at(b).phase)  # nodes with frames: no edit
+        if not (_in_line(frames, fa, depth) and _in_line(frames, fb, depth)):
+            return False
+        na, nb = self.tl.node_at(a), self.tl.node_at(b)  # nodes with frames: no edit
+        return na.phase == nb.phase and not LineExecutions.of(self.state.program).begins(fa, nb, depth - 1)
 
     def _line_start(self, q: Tick, frames: tuple[Frame, ...], depth: int) -> Tick:
         """Where the execution of the line frames[depth - 1] is at, which tick q runs, began."""

@@ -465,6 +465,10 @@ class Session:
         """Set one element: encoded in the value's dtype and written as an edit."""
         return self.inspection.set_element(name, index, value)
 
+    def after_edit(self, value: str) -> Stop:
+        """The stop an edit of `value` left (write_memory, set_element): where the position is now."""
+        return self.motion.after_edit(value)
+
     # -- the instruction level (hardware/session/instruction_level.py) ---------------------------------
     @property
     def instruction(self) -> int:

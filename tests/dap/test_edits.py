@@ -35,8 +35,9 @@ def test_set_variable_is_undone_by_step_back(edited):
     answer = edited.request("setVariable", {"variablesReference": element_container(edited), "name": "[1]",
                                             "value": "2.5 * 4"})
     assert answer["value"] == "10"
+    stop = edited.client.wait_for("stopped", after=mark)  # the edit is a step: the client hears where it stands
+    assert stop["reason"] == "step" and "edit" in stop["description"]
     assert edited.number("scores[0, 0, 0, 1]") == 10.0
-    assert ("invalidated", {"areas": ["variables"]}) in edited.client.events_since(mark)
     edit = edited.request("timeline", {"start": position, "count": 1})["ticks"][0]
     assert edited.position() == position + 1 and edit["node"] is None and edit["op"] == "edit"
     assert edited.motion("stepBack")["reason"] == "step" and edited.position() == position
@@ -50,6 +51,7 @@ def test_write_memory_is_undone_by_step_back(edited):
     answer = edited.request("writeMemory", {"memoryReference": reference, "offset": 8,
                                             "data": base64.b64encode(struct.pack("<f", -3.5)).decode()})
     assert answer["bytesWritten"] == 4
+    assert edited.client.wait_for("stopped", after=mark)["reason"] == "step"
     assert edited.number("div[0, 0, 0, 2]") == -3.5
     assert ("memory", {"memoryReference": reference, "offset": 8, "count": 4}) in edited.client.events_since(mark)
     edited.motion("stepBack")
