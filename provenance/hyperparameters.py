@@ -1,6 +1,10 @@
 """An optimizer's hyperparameters changed on a branch: the update's nodes with other constants.
 
-Adam's and AdamW's update nodes take the numbers as arguments (`rewind::adam_update`): those are patched directly.
+The learning rate of each step is a value of the Program, written by a node of its own (`lr`, `lr_group1`, ...:
+hardware/frontends/optimizers.py): a new learning rate from step k patches those nodes of steps k and later, in
+every param group, so with a scheduler the schedule is replaced by that number from step k on.
+Adam's and AdamW's update nodes take their other numbers as arguments (`rewind::adam_update`): those are patched
+directly.
 Other updates bake the hyperparameters into their nodes as constants (SGD's learning rate is the `alpha` of the add
 that writes each parameter; amsgrad's weight decay is folded into `1 - lr * weight_decay`). So there a
 hyperparameter is changed by tracing the step again from the model file with the optimizer's param groups changed,
@@ -12,17 +16,20 @@ such as nesterov) is refused: it is the file's to make.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
 from checkpoint.branch import AttributePatch, Patch, schema_names
 from hardware.errors import ProgramLoadError, RewindError, echo
+from hardware.frontends.optimizers import LR
 from hardware.frontends.torch_export import call_entry, user_file
 from hardware.frontends.torch_train import TRAIN_RETURNS, entry_in, training_program, training_step
 from hardware.optimizer_ops import ADAM_UPDATE, adam_argument
 from hardware.program import Node, Program, Ref
 from provenance.steps import check_step, counterparts, is_training
 
+LR_OP = "aten.scalar_tensor.default"
 NOT_HYPERPARAMETERS = ("params", "foreach", "fused", "capturable", "differentiable")  # param group keys of no number
 
 
@@ -35,21 +42,44 @@ def hyperparameter_patches(program: Program, model: str, entry: str, changes: di
     check_step(program, first)
     if not isinstance(changes, dict) or not changes:
         raise RewindError("name at least one of the optimizer's hyperparameters to change: {\"lr\": 0.01}")
-    patches = _adam_patches(program, changes, first)
-    if patches is not None:
+    changes = dict(changes)
+    patches = _lr_patches(program, changes.pop("lr"), first) if "lr" in changes else []
+    if not changes:
         return patches
+    adam = _adam_patches(program, changes, first)
+    if adam is not None:
+        return patches + adam
     changed = _retraced(program, model, entry, changes)
     step0 = program.nodes[: program.step_starts[1] if len(program.step_starts) > 1 else len(program.nodes)]
     if [(n.op, n.input_names()) for n in step0] != [(n.op, n.input_names()) for n in changed.nodes]:
         raise RewindError(f"setting {_listed(changes)} changes which nodes the update runs, not only their numbers: "
                           "change it in the file")
-    patches: list[Patch] = []
     for mine, theirs in zip(step0, changed.nodes):
         differ = _constants_changed(mine, theirs)
         if differ:
             patches += [AttributePatch.of(program.nodes[i], differ) for i in counterparts(program, mine.index, first)]
     if not patches:
         raise RewindError(f"the optimizer already has {_listed(changes)}: no node of its update changes")
+    return patches
+
+
+def _lr_patches(program: Program, lr: Any, first: int) -> list[Patch]:
+    """The learning-rate nodes of steps `first` and later, each writing `lr`."""
+    if not _number(lr) or lr < 0:
+        raise RewindError(f"the {program.optimizer or 'optimizer'} optimizer's lr must be a finite number (0 or above); "
+                          f"got {echo(repr(lr))}")
+    nodes = [n for n in program.nodes if n.step == 0 and n.phase == "optimizer" and n.op == LR_OP
+             and n.outputs and re.fullmatch(rf"{LR}(_group\d+)?", n.outputs[0])]
+    if not nodes:
+        raise RewindError(f"{program.name} has no learning-rate values (lr): it was recorded before they were; "
+                          "launch the model file again")
+    patches: list[Patch] = []
+    for node in nodes:
+        patches += [AttributePatch.of(program.nodes[i], {"s": float(lr)}) for i in counterparts(program, node.index, first)
+                    if program.nodes[i].args[0] != lr]
+    if not patches:
+        raise RewindError(f"the optimizer already has lr={lr!r} in every step from step {first} on: no node of its "
+                          "update changes")
     return patches
 
 
@@ -63,7 +93,7 @@ def _adam_patches(program: Program, changes: dict, first: int) -> list[Patch] | 
     wanted: dict[str, Any] = {}
     for key, value in changes.items():
         held = tuple(adam_argument(update[0], b) for b in ("beta1", "beta2")) if key == "betas" else \
-            adam_argument(update[0], key) if key in ("lr", "eps", "weight_decay") else None
+            adam_argument(update[0], key) if key in ("eps", "weight_decay") else None
         if held is None or not _numbers_like(value, held):
             return None
         wanted.update(zip(("beta1", "beta2"), value) if key == "betas" else [(key, value)])

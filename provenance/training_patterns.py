@@ -1,6 +1,7 @@
 """The failure patterns of a training step (provenance/patterns.py's registry): a gradient NaN or infinite where
-the forward is finite, a gradient flushed to zero in float16, gradients that explode over the steps, and an
-optimizer's epsilon that its dtype cannot hold. Tried before the general patterns in a training Program: a NaN in
+the forward is finite, a gradient flushed to zero in float16, gradients that explode over the steps, an
+optimizer's epsilon that its dtype cannot hold, and a step torch.amp.GradScaler skipped because its gradients
+overflowed. Tried before the general patterns in a training Program: a NaN in
 the backward of a log is a gradient's failure before it is a division by zero.
 
 Each rule reads what the forward node of a backward node did (provenance/steps.py: the Program says which forward
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from hardware.frontends.loss_scaling import FOUND_INF, SCALE
 from hardware.optimizer_ops import ADAM_UPDATE, adam_argument
 from hardware.program import Node
 from provenance.patterns import LOW_PRECISION, Evidence, pattern, times
@@ -120,3 +122,30 @@ def _adam_epsilon_underflow(ev: Evidence) -> str | None:
     return (f"the optimizer's epsilon ({eps:g}) is 0 in {ev.program.values[moment].dtype} (its smallest number is "
             f"{info.tiny * info.eps:.3g}), so where the second moment underflowed to 0 ('{moment}' has {zeros} zero "
             "element(s)) the update divides by 0")
+
+
+@pattern("skipped-step", "a step torch.amp.GradScaler skipped on inf gradients",
+         "a step skipped now and then is how GradScaler finds its scale; step after step skipped means the scaled "
+         "gradient does not fit the dtype at any scale it tried: make the loss smaller where it is computed (a mean, "
+         "not a sum; a smaller loss weight), start the scaler lower (GradScaler(init_scale=...)), or run the op that "
+         "overflows outside autocast, in float32", training=True)
+def _skipped_step(ev: Evidence) -> str | None:
+    if ev.kind != "nonfinite" or ev.program is None or ev.recorded is None or FOUND_INF not in ev.program.values:
+        return None
+    steps = len(ev.program.step_starts)
+    skipped = [k for k in range(steps) if ev.recorded(_in_step(FOUND_INF, k)).item() > 0]
+    if ev.node.step not in skipped:
+        return None
+    k = ev.node.step
+    before = ev.recorded(SCALE if k == 0 else _in_step(f"{SCALE}_updated", k - 1)).item()
+    after = ev.recorded(_in_step(f"{SCALE}_updated", k)).item()
+    bad = int((~torch.isfinite(ev.output)).sum())
+    listed = "every step" if len(skipped) == steps else \
+        f"step{'s' if len(skipped) > 1 else ''} {', '.join(map(str, skipped))} of {steps}"
+    return (f"this backward op writes {bad} NaN/Inf element(s) in {ev.dtype} in step {k}, so GradScaler found inf "
+            f"gradients ('{_in_step(FOUND_INF, k)}' is 1) and skipped the step: no parameter or optimizer state "
+            f"changed, and the scale went from {before:g} to {after:g}. Skipped: {listed}")
+
+
+def _in_step(name: str, k: int) -> str:
+    return name if k == 0 else f"{name}_step{k}"

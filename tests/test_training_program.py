@@ -119,6 +119,7 @@ def test_an_adam_update_node_is_torch_optims_update_bit_for_bit(kind, options):
         eager.grad = grad.clone()
         optimizer.step()
         param, *moments, step = adam_update(param, grad, state["exp_avg"], state["exp_avg_sq"], state["step"],
+                                            torch.tensor(hyper["lr"], dtype=torch.float64),
                                             *(hyper[k] for k in ADAM_ARGUMENTS))
         state = dict(zip(("exp_avg", "exp_avg_sq", "step"), (*moments, step)))
         held = optimizer.state[eager]
@@ -371,13 +372,14 @@ def sgd(model: str = "m") -> str:
     ("def train_step():\n    m = tiny()\n    return m, pair(), nn.MSELoss(), torch.optim.RMSprop(m.parameters())",
      "the optimizer is a torch.optim.rmsprop.RMSprop; Rewind runs torch.optim.SGD .*, torch.optim.Adam and "
      "torch.optim.AdamW"),
-    ("def train_step():\n    m = tiny()\n    return m, pair(), nn.MSELoss(), "
-     "torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, dampening=0.5)", "SGD's dampening \\(0.5\\) is not"),
+    ("def train_step():\n    m = tiny()\n    return m, pair(), nn.MSELoss(), torch.optim.SGD(m.parameters(), lr=0.1), "
+     "'fast'", "returned a str after the optimizer, where its learning-rate scheduler, a torch.amp.GradScaler or a "
+     "dict of the step's options belongs"),
     ("def train_step():\n    m = tiny()\n    return m, pair(), nn.MSELoss(), "
      "torch.optim.SGD([nn.Parameter(torch.zeros(2))], lr=0.1)", "updates a tensor that is not a parameter"),
     ("def train_step():\n    raise RuntimeError('no data mounted')", "calling train_step\\(\\) in .* failed: no data "
      "mounted \\(at model.py:\\d+\\)"),
-], ids=["two-things", "loss-not-callable", "not-a-module", "no-target", "inputs-list", "rmsprop", "dampening",
+], ids=["two-things", "loss-not-callable", "not-a-module", "no-target", "inputs-list", "rmsprop", "after-the-optimizer",
         "foreign-tensor", "raises"])
 def test_a_wrong_train_step_is_refused_in_words(tmp_path, body, words):
     with pytest.raises(ProgramLoadError, match=words):

@@ -61,6 +61,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import itertools
+import math
 import operator
 import re
 import traceback
@@ -81,7 +82,8 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hardware.errors import ProgramLoadError, echo, raised_in_user_code
-from hardware.frontends.optimizers import rule_of
+from hardware.frontends.loss_scaling import FOUND_INF, SCALE, TRACKER, LossScaling
+from hardware.frontends.optimizers import LR, learning_rates, lr_name, rule_of
 from hardware.frontends.step_failures import StepWhere, data_shaped, step_failure
 from hardware.frontends.torch_export import (Inputs, call_entry, check_input_types, checked_inputs, convert_node,
                                              export, export_program, module_and_inputs, positional_names,
@@ -93,7 +95,9 @@ from hardware.torch_tensors import COLLECTIVE_NAMESPACE, dtype_name
 TRAIN_ENTRY = "train_step"
 DEFAULT_ENTRY = "build"
 TRAIN_RETURNS = "(module, inputs, loss_fn, optimizer), or (module, inputs, optimizer) when module(*inputs) returns " \
-                "the loss"
+                "the loss; after the optimizer, optionally its learning-rate scheduler, a torch.amp.GradScaler and a " \
+                "dict of the step's options ({\"accumulate\": 4, \"clip_grad_norm\": 1.0})"
+MAX_ACCUMULATE = 256  # micro-batches a step
 BATCHES = "batches"
 MAX_STEPS = 10_000
 MAX_NODES = 250_000  # an unrolled Program's nodes: what a Timeline over it can hold and step through
@@ -116,6 +120,12 @@ class TrainingStep:
     # The CPU generator's state when train_step() returned: the first step's random ops draw from it, as an eager
     # loop run then would.
     rng_state: torch.Tensor = field(default_factory=torch.get_rng_state)
+    scheduler: Any = None  # a torch.optim.lr_scheduler.LRScheduler of the optimizer, stepped after each step
+    scaling: LossScaling | None = None  # a torch.amp.GradScaler's settings and state
+    accumulate: int = 1  # micro-batches a step: forwards and backwards before one update
+    clip_grad_norm: float | None = None  # the gradients' total norm is clipped to this before the update
+    learning_rates: list[list[float]] = field(default_factory=list)  # each step's, each param group's (steps long)
+    file: Path | None = None  # the model file (a failing scheduler names its line)
 
 
 def load_program(path: str | Path, entry: str = "build", steps: int = 1,
@@ -157,14 +167,15 @@ def check_steps(steps: Any) -> None:
 
 
 def training_step(result: Any, entry: str, file: Path) -> TrainingStep | None:
-    """The parts of an entry's result that is a training step (it ends with an optimizer), checked; None for any
-    other result (an entry named train_step must be one)."""
-    training = isinstance(result, tuple) and bool(result) and isinstance(result[-1], torch.optim.Optimizer)
-    if not training and entry != TRAIN_ENTRY:
+    """The parts of an entry's result that is a training step (it holds an optimizer), checked; None for any other
+    result (an entry named train_step must be one)."""
+    at = next((i for i, r in enumerate(result) if isinstance(r, torch.optim.Optimizer)), None) \
+        if isinstance(result, tuple) else None
+    if at is None and entry != TRAIN_ENTRY:
         return None
-    if not training or len(result) not in (3, 4):
+    if at is None or at not in (2, 3):
         raise ProgramLoadError(f"{entry}() in {file} must return {TRAIN_RETURNS}; got {_kinds(result)}")
-    model, inputs, *loss, optimizer = result
+    (model, inputs, *loss), optimizer = result[:at], result[at]
     if not isinstance(model, torch.nn.Module):
         raise ProgramLoadError(f"{entry}() in {file} returned {type(model).__name__} where a torch.nn.Module belongs")
     inputs = checked_inputs(inputs, f"{entry}() in {file} returned")
@@ -184,7 +195,65 @@ def training_step(result: Any, entry: str, file: Path) -> TrainingStep | None:
     if any(id(p) not in owned for group in optimizer.param_groups for p in group["params"]):
         raise ProgramLoadError(f"the optimizer {entry}() in {file} returned updates a tensor that is not a parameter "
                                "of its module")
-    return TrainingStep(model, inputs, loss_fn, optimizer, takes_target)
+    step = TrainingStep(model, inputs, loss_fn, optimizer, takes_target, file=file)
+    _read_extras(step, result[at + 1:], f"{entry}() in {file}")
+    return step
+
+
+def _read_extras(step: TrainingStep, extras: tuple, where: str) -> None:
+    """What a train_step() returned after its optimizer: a learning-rate scheduler, a GradScaler, the step's options
+    (a dict), each at most once."""
+    seen: set[str] = set()
+    for extra in extras:
+        kind = "scheduler" if isinstance(extra, torch.optim.lr_scheduler.LRScheduler) else \
+            "scaler" if isinstance(extra, torch.amp.GradScaler) else "options" if isinstance(extra, dict) else None
+        if kind is None:
+            raise ProgramLoadError(f"{where} returned a {type(extra).__name__} after the optimizer, where its "
+                                   "learning-rate scheduler, a torch.amp.GradScaler or a dict of the step's options "
+                                   "belongs")
+        if kind in seen:
+            raise ProgramLoadError(f"{where} returned two {_EXTRAS[kind]} after the optimizer; a step takes one")
+        seen.add(kind)
+        if kind == "scheduler":
+            step.scheduler = _scheduler(extra, step.optimizer, where)
+        elif kind == "scaler":
+            step.scaling = LossScaling.of(extra, where)
+        else:
+            _read_options(step, extra, where)
+
+
+_EXTRAS = {"scheduler": "learning-rate schedulers", "scaler": "GradScalers", "options": "dicts of options"}
+
+
+def _scheduler(scheduler: Any, optimizer: torch.optim.Optimizer, where: str) -> Any:
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        raise ProgramLoadError(f"{where} returned a ReduceLROnPlateau scheduler, which sets the learning rate from "
+                               "the losses it is given, values a traced step cannot read: use a schedule of the step "
+                               "count (LambdaLR, StepLR, CosineAnnealingLR, ...)")
+    if getattr(scheduler, "optimizer", None) is not optimizer:
+        raise ProgramLoadError(f"the learning-rate scheduler {where} returned schedules another optimizer than the "
+                               "one it returned")
+    return scheduler
+
+
+STEP_OPTIONS = {"accumulate": "the micro-batches of a step, a whole number from 1 to " + str(MAX_ACCUMULATE),
+                "clip_grad_norm": "the total norm the gradients are clipped to (clip_grad_norm_'s max_norm), a "
+                                  "finite number above 0"}
+
+
+def _read_options(step: TrainingStep, options: dict, where: str) -> None:
+    for key, value in options.items():
+        if key not in STEP_OPTIONS:
+            raise ProgramLoadError(f"{where} returned the step option {echo(repr(key))}; a step's options are "
+                                   + "; ".join(f"{k}: {what}" for k, what in STEP_OPTIONS.items()))
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        fits = (type(value) is int and 1 <= value <= MAX_ACCUMULATE) if key == "accumulate" else \
+            number and math.isfinite(value) and value > 0
+        if not fits:
+            raise ProgramLoadError(f"{where} returned the step option {key}={echo(repr(value))}; {key} is "
+                                   f"{STEP_OPTIONS[key]}")
+    step.accumulate = options.get("accumulate", 1)
+    step.clip_grad_norm = float(options["clip_grad_norm"]) if "clip_grad_norm" in options else None
 
 
 def _takes_target(loss_fn: Callable) -> bool:
@@ -209,8 +278,8 @@ def _kinds(result: Any) -> str:
 
 
 def read_batches(module: ModuleType, file: Path, step: TrainingStep, steps: int) -> list[Inputs] | None:
-    """The inputs of each of `steps` steps from the file's batches(), each laid out as train_step()'s; None when the
-    file has no batches()."""
+    """The inputs of each of `steps` steps from the file's batches() (of each micro-batch, `step.accumulate` a step,
+    in order), each laid out as train_step()'s; None when the file has no batches()."""
     fn = getattr(module, BATCHES, None)
     if fn is None:
         return None
@@ -221,14 +290,15 @@ def read_batches(module: ModuleType, file: Path, step: TrainingStep, steps: int)
         if isinstance(batches, (torch.Tensor, dict, str, bytes)) or not hasattr(batches, "__iter__"):
             raise ProgramLoadError(f"{BATCHES}() in {file} must yield the inputs of each step (a generator); it "
                                    f"returned {echo(repr(batches))}")
-        found = list(itertools.islice(batches, steps))
+        found = list(itertools.islice(batches, steps * step.accumulate))
     except ProgramLoadError:
         raise
     except Exception as exc:
         raise ProgramLoadError(f"calling {BATCHES}() in {file} failed: {raised_in_user_code(exc, file)}") from exc
-    if len(found) < steps:
-        raise ProgramLoadError(f"{BATCHES}() in {file} gave {_count(len(found), 'batch', 'batches')}; {steps} steps "
-                               f"need {steps}")
+    if len(found) < steps * step.accumulate:
+        micro = f" of {step.accumulate} micro-batches" if step.accumulate > 1 else ""
+        raise ProgramLoadError(f"{BATCHES}() in {file} gave {_count(len(found), 'batch', 'batches')}; {steps} steps"
+                               f"{micro} need {steps * step.accumulate}")
     return [_same_layout(checked_inputs(b, f"batch {k} of {BATCHES}() in {file} gave"), step.inputs, k, file)
             for k, b in enumerate(found)]
 
@@ -309,12 +379,16 @@ def training_program(step: TrainingStep, name: str, steps: int = 1, batches: lis
     refused = data_shaped(ep.graph)
     if refused is not None:
         raise ProgramLoadError(refused)
-    one = _Tracer(ep, step, tensor_inputs(ep, args, kwargs)).trace()
+    step.learning_rates = learning_rates(step.optimizer, step.scheduler, steps, step.file or name)
+    micro = [tensor_inputs(ep, *split_inputs(b)) for b in batches] if batches is not None else None
+    first = micro[: step.accumulate] if micro is not None else [tensor_inputs(ep, args, kwargs)] * step.accumulate
+    one = _Tracer(ep, step, first, steps).trace()
     if steps * len(one.nodes) > MAX_NODES:
         raise ProgramLoadError(f"{steps} steps of {len(one.nodes)} nodes each make {steps * len(one.nodes)} nodes; "
                                f"a Program holds at most {MAX_NODES}: at most {MAX_NODES // len(one.nodes)} steps of "
                                "this model")
-    inputs = [tensor_inputs(ep, *split_inputs(b)) for b in batches] if batches is not None else None
+    a = step.accumulate
+    inputs = [tuple(t for m in micro[k * a:(k + 1) * a] for t in m) for k in range(steps)] if micro else None
     program = one.unrolled(name, steps, inputs)
     program.optimizer = type(step.optimizer).__name__  # an update reads "AdamW update of q.weight"
     return program
@@ -331,6 +405,7 @@ class _OneStep:
     updates: dict[str, str]  # the value a step updates (parameter, buffer, optimizer state) -> its updated value
     gradients: dict[str, str]  # parameter -> its gradient
     loss: str
+    numbers: dict[str, list[float]] = field(default_factory=dict)  # a step number's value -> its number per step
 
     def unrolled(self, name: str, steps: int, batches: list[tuple] | None) -> Program:
         """`steps` copies of the step, each reading what the one before it updated (and its batch's inputs)."""
@@ -353,7 +428,7 @@ class _OneStep:
             offset = len(nodes)
             starts.append(offset)
             for node in self.nodes:
-                nodes.append(_repeated(node, k, offset, rename))
+                nodes.append(_repeated(node, k, offset, rename, self.numbers))
             for n in written:
                 info = self.values[n]
                 values[rename[n]] = replace(info, name=rename[n], producer=info.producer + offset, last_use=-1)
@@ -370,10 +445,13 @@ def _in_step(name: str, k: int) -> str:
     return name if k == 0 else f"{name}_step{k}"
 
 
-def _repeated(node: Node, k: int, offset: int, rename: dict[str, str]) -> Node:
-    """Step 0's `node` as step k runs it."""
+def _repeated(node: Node, k: int, offset: int, rename: dict[str, str], numbers: dict[str, list[float]]) -> Node:
+    """Step 0's `node` as step k runs it (a node writing a step number, its number in step k)."""
+    args = renamed_refs(node.args, rename)
+    if node.outputs and node.outputs[0] in numbers:
+        args = (numbers[node.outputs[0]][k], *args[1:])
     return replace(node, index=node.index + offset, name=f"{node.name}_step{k}", step=k,
-                   args=renamed_refs(node.args, rename), kwargs=renamed_refs(node.kwargs, rename),
+                   args=args, kwargs=renamed_refs(node.kwargs, rename),
                    outputs=[rename[o] for o in node.outputs],
                    differentiates=None if node.differentiates is None else node.differentiates + offset)
 
@@ -385,6 +463,7 @@ class _Update:
     rule: Callable[..., dict[str, torch.Tensor]]
     hyper: dict[str, Any]
     state: dict[str, str]  # torch.optim's state key -> the Program value holding it
+    numbers: dict[str, str]  # the numbers that change from step to step (lr, ...) -> the values holding them
 
 
 @dataclass
@@ -393,12 +472,15 @@ class _Tracer:
 
     ep: ExportedProgram
     step: TrainingStep
-    user_tensors: tuple
+    user_tensors: list[tuple]  # each micro-batch's tensor inputs (one without accumulation)
+    steps: int = 1
     flat: dict[str, torch.Tensor] = field(default_factory=dict)  # every traced input, by value name, in order
     values: dict[str, ValueInfo] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)  # the value of each placeholder of the exported graph
-    inputs: list[str] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)  # every micro-batch's, in order
+    micro: list[dict[str, str]] = field(default_factory=list)  # micro-batch i>0: its input's value for micro 0's
     updates: dict[str, _Update] = field(default_factory=dict)  # parameter -> its update
+    numbers: dict[str, list[float]] = field(default_factory=dict)  # a step number's value -> its number per step
 
     def trace(self) -> _OneStep:
         _check_loss(self.ep)
@@ -418,7 +500,7 @@ class _Tracer:
     def _name_inputs(self) -> None:
         sig, state = self.ep.graph_signature, {**self.ep.state_dict, **self.ep.constants}
         labels = iter(self._input_labels())
-        tensors = iter(self.user_tensors)
+        tensors = iter(self.user_tensors[0])
         kinds = {InputKind.PARAMETER: ("parameter", "p_"), InputKind.BUFFER: ("buffer", "b_"),
                  InputKind.CONSTANT_TENSOR: ("constant", "c_")}
         for spec in sig.input_specs:
@@ -442,6 +524,12 @@ class _Tracer:
                 raise ProgramLoadError(f"the training step takes a {spec.kind.name.lower()} '{spec.arg.name}', "
                                        "which Rewind does not support")
             self.order.append(name)
+        first = list(self.inputs)
+        for i, tensors in enumerate(self.user_tensors[1:], 1):  # each further micro-batch's inputs, named apart
+            self.micro.append({n: f"{n}_micro{i}" for n in first})
+            for n, tensor in zip(first, tensors):
+                self._add(f"{n}_micro{i}", "input", tensor)
+                self.inputs.append(f"{n}_micro{i}")
 
     def _input_labels(self) -> list[str]:
         """Each tensor input's name: the forward's parameter or the keyword, the loss function's second parameter
@@ -472,8 +560,18 @@ class _Tracer:
         rule = rule_of(optimizer)
         by_tensor = {id(p): name for name, p in self.step.model.named_parameters()}  # training_step: all there
         names = {v.target: n for n, v in self.values.items() if v.kind == "parameter"}
-        for group in optimizer.param_groups:
+        for g, group in enumerate(optimizer.param_groups):
             hyper = rule.hyper(group)
+            held = [bool(optimizer.state.get(p)) for p in group["params"]]
+            if len(set(held)) > 1:
+                raise ProgramLoadError(f"the optimizer holds state for some parameters of its param group {g} and not "
+                                       "for others (a parameter added after it stepped): Rewind runs a group whose "
+                                       "parameters all start fresh, or all from the optimizer's state")
+            numbers = {LR: [lrs[g] for lrs in self.step.learning_rates]}
+            numbers.update(rule.step_numbers(hyper, not any(held), self.steps))
+            named = {key: key if g == 0 else f"{key}_group{g}" for key in numbers}
+            named[LR] = lr_name(g)
+            self.numbers.update({named[key]: per_step for key, per_step in numbers.items()})
             for p in group["params"]:
                 param = names.get(by_tensor[id(p)])
                 if not p.requires_grad or param is None:
@@ -482,7 +580,7 @@ class _Tracer:
                 for key, tensor in rule.state(p, optimizer.state.get(p, {}), hyper).items():
                     state[key] = f"{key}_{param}"
                     self._add(state[key], "buffer", tensor)
-                self.updates[param] = _Update(rule.update, hyper, state)
+                self.updates[param] = _Update(rule.update, hyper, state, named)
         if not self.updates:
             raise ProgramLoadError("the optimizer updates no parameter of the module that requires a gradient")
 
@@ -490,6 +588,10 @@ class _Tracer:
     def _make_fx(self) -> tuple[torch.fx.GraphModule, list[tuple[str, str]]]:
         """The traced step and its outputs' layout: (role, value name) per output, the role one of loss, grad (of
         the parameter named) and updated (the parameter, optimizer state or buffer named)."""
+        scaling = self.step.scaling
+        if scaling is not None:
+            self._add(SCALE, "buffer", scaling.scale)
+            self._add(TRACKER, "buffer", scaling.tracker)
         self._add(RNG_STATE, "buffer", self.step.rng_state)
         names = list(self.flat)
         sig = self.ep.graph_signature
@@ -502,17 +604,36 @@ class _Tracer:
         def one_step(*flat: torch.Tensor) -> tuple:
             env = dict(zip(names, flat))
             random.state = env[RNG_STATE]
-            outs = _Forward(self.ep.graph_module, where).run(*(env[n] for n in self.order))
-            loss = outs[len(mutated)]
-            _tag_backward(loss, where)
             trained = list(self.updates)
-            where.phase = "backward"
-            with fx_traceback.annotate({_PHASE: "backward"}):
-                grads = torch.autograd.grad(loss, [env[p] for p in trained], allow_unused=True)
+            losses, grads = [], None
+            for micro in [{}] + self.micro:  # each micro-batch's forward and backward; its gradients summed
+                where.phase = "forward"
+                outs = _Forward(self.ep.graph_module, where).run(*(env[micro.get(n, n)] for n in self.order))
+                env.update((self.order[buf], out) for buf, out in zip(mutated, outs))  # the next reads them
+                losses.append(outs[len(mutated)])
+                scaled = losses[-1] if scaling is None else scaling.scaled(losses[-1], env[SCALE])
+                _tag_backward(scaled, where)
+                where.phase = "backward"
+                with fx_traceback.annotate({_PHASE: "backward"}):
+                    more = torch.autograd.grad(scaled, [env[p] for p in trained], allow_unused=True)
+                    grads = more if grads is None else [_summed(a, b) for a, b in zip(grads, more)]
+            loss = losses[0] if len(losses) == 1 else sum(losses[1:], losses[0])  # what a loop logs: their sum
             layout[:] = [("loss", "loss")]
             results = [loss]
             where.phase = "optimizer"
             with torch.no_grad(), fx_traceback.annotate({_PHASE: "optimizer"}):
+                found = None
+                if scaling is not None:  # scaler.unscale_(optimizer)
+                    grads, found = scaling.unscaled(list(grads), env[SCALE])
+                    layout.append(("named", FOUND_INF))
+                    results.append(found)
+                if self.step.clip_grad_norm is not None:
+                    grads = _clipped(grads, self.step.clip_grad_norm)
+                numbers = {}
+                for name, per_step in self.numbers.items():
+                    numbers[name] = torch.scalar_tensor(per_step[0], dtype=torch.float64)
+                    layout.append(("named", name))
+                    results.append(numbers[name])
                 for param, grad in zip(trained, grads):
                     if grad is None:
                         continue  # a parameter the loss does not depend on: as torch.optim, left as it is
@@ -520,12 +641,18 @@ class _Tracer:
                     layout.append(("grad", param))
                     results.append(grad)
                     state = {key: env[name] for key, name in update.state.items()}
-                    for key, tensor in update.rule(env[param], grad, state, update.hyper).items():
-                        layout.append(("updated", update.state.get(key, param)))
+                    taken = {key: numbers[name] for key, name in update.numbers.items()}
+                    for key, tensor in update.rule(env[param], grad, state, update.hyper, taken).items():
+                        name = update.state.get(key, param)
+                        layout.append(("updated", name))
+                        results.append(tensor if found is None else scaling.held(found, env[name], tensor))
+                if scaling is not None:  # scaler.update()
+                    for name, tensor in zip((SCALE, TRACKER), scaling.updated(env[SCALE], env[TRACKER], found)):
+                        layout.append(("updated", name))
                         results.append(tensor)
-            for buf, tensor in zip(mutated, outs[: len(mutated)]):
+            for buf in mutated:
                 layout.append(("updated", self.order[buf]))
-                results.append(tensor)
+                results.append(env[self.order[buf]])
             if random.drew:
                 layout.append(("updated", RNG_STATE))
                 results.append(random.state)
@@ -546,6 +673,7 @@ class _Tracer:
             raise ProgramLoadError(f"the training step cannot be traced: {step_failure(exc, where)}") from None
         if not any(role == "grad" for role, _ in layout):
             raise ProgramLoadError("the loss does not depend on any parameter the optimizer updates")
+        _out_of_place(gm.graph)
         if not random.drew:  # the last traced input, read by no node: no value of the Program
             del self.flat[RNG_STATE], self.values[RNG_STATE]
         return gm, layout
@@ -569,7 +697,7 @@ class _Tracer:
         updates: dict[str, str] = {}
         gradients: dict[str, str] = {}
         for (role, name), fx in zip(layout, graph_nodes[-1].args[0]):
-            new = {"loss": "loss", "grad": f"grad_{name}", "updated": f"{name}_updated"}[role]
+            new = {"loss": "loss", "grad": f"grad_{name}", "updated": f"{name}_updated", "named": name}[role]
             if not isinstance(fx, torch.fx.Node) or fx.op != "call_function" or fx.name in rename:
                 raise ProgramLoadError(f"the training step's {role} '{new}' is not a value a node computes")
             rename[fx.name] = new
@@ -587,6 +715,7 @@ class _Tracer:
 
     def _convert(self, gm: torch.fx.GraphModule, layout: list[tuple[str, str]]) -> _OneStep:
         rename, updates, gradients = self._names(gm, layout)
+        named = {name for role, name in layout if role == "named"}
         values, initial = dict(self.values), dict(self.flat)
         nodes: list[Node] = []
         getitem_of: dict[str, list] = {}
@@ -609,7 +738,7 @@ class _Tracer:
             phase = custom.get(_PHASE, "forward")
             hooked = custom.get(_HOOK, False)  # a gradient hook's op differentiates no forward op: at the hook's line
             forward = forward_of_seq.get(fx.meta.get("seq_nr", -1)) if phase == "backward" and not hooked else None
-            name = fx.name
+            name = rename[fx.name] if rename.get(fx.name) in named else fx.name  # lr, found_inf: as their values
             if phase == "backward":
                 name = _name_backward(fx, nodes[forward].name if forward is not None else fx.name, backward_names,
                                       rename)
@@ -625,7 +754,56 @@ class _Tracer:
                 node = replace(node, loc=source.loc, frames=source.frames, module_stack=source.module_stack)
             nodes.append(replace(node, name=name, phase=phase, differentiates=forward))
             values.update(written)
-        return _OneStep(nodes, values, initial, self.inputs, updates, gradients, "loss")
+        return _OneStep(nodes, values, initial, self.inputs, updates, gradients, "loss", self.numbers)
+
+
+def _summed(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    """A gradient accumulated over micro-batches, as `.grad` accumulates over backward() calls."""
+    return b if a is None else a if b is None else a + b
+
+
+def _clipped(grads: list, max_norm: float) -> list:
+    """torch.nn.utils.clip_grad_norm_(parameters, max_norm) on the gradients, functional: each times
+    min(max_norm / (total norm + 1e-6), 1)."""
+    present = [g for g in grads if g is not None]
+    total = torch.nn.utils.get_total_norm(present, 2.0, foreach=False)
+    coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    return [None if g is None else g.mul(coefficient) for g in grads]
+
+
+def _out_of_place(graph: torch.fx.Graph) -> None:
+    """The in-place ops autograd's formulas run on tensors of their own (vector_norm's backward fills a quotient it
+    made with masked_fill_) as their out-of-place twins, the nodes after them reading the result: a Program's values
+    are written once. An in-place op on anything else (a traced input, a view) is left for convert_node to refuse."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for fx in list(graph.nodes):
+        functional = _functional_twin(fx)
+        written = fx.args[0] if functional is not None else None
+        if not isinstance(written, torch.fx.Node) or written.op != "call_function" or _aliases(written) \
+                or any(_aliases(u) for u in written.users if order[u] < order[fx]):  # a view sees the write too
+            continue
+        fx.target = functional
+        for user in [u for u in written.users if order[u] > order[fx]]:
+            user.replace_input_with(written, fx)
+
+
+def _functional_twin(fx: torch.fx.Node) -> torch._ops.OpOverload | None:
+    """aten.masked_fill.Scalar for a node of aten.masked_fill_.Scalar: an op writing its first argument alone."""
+    op = fx.target
+    if not isinstance(op, torch._ops.OpOverload) or not op._schema.is_mutable or not fx.args:
+        return None
+    writes = [bool(a.alias_info and a.alias_info.is_write) for a in op._schema.arguments]
+    name = op._schema.name.split("::")[-1]
+    if writes[:1] != [True] or any(writes[1:]) or not name.endswith("_"):
+        return None
+    packet = getattr(torch.ops.aten, name[:-1], None)
+    return getattr(packet, op._overloadname, None)
+
+
+def _aliases(fx: torch.fx.Node) -> bool:
+    """Does the node's output alias another tensor (a view, or an in-place op's own result)?"""
+    op = fx.target
+    return not isinstance(op, torch._ops.OpOverload) or any(r.alias_info is not None for r in op._schema.returns)
 
 
 def _name_backward(fx: torch.fx.Node, forward: str, taken: dict[str, int], rename: dict[str, str]) -> str:
