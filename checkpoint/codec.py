@@ -208,10 +208,12 @@ def resolve_op(name: str) -> Any:
     """`aten.linear.default` -> torch.ops.aten.linear.default, an operator overload registered with torch's
     dispatcher. The name must be three plain identifiers (no dunders) and is looked up in the dispatcher's
     registry before any attribute of torch.ops is touched, so no name reaches torch.ops' own methods
-    (import_module, load_library). A well-formed name this torch does not register gives a stand-in that says
-    so when called; anything else raises RewindError."""
+    (import_module, load_library). An op may be a dunder (`aten.__and__.Tensor`, what `&` exports as), its
+    namespace or overload not. A well-formed name this torch does not register gives a stand-in that says so when
+    called; anything else raises RewindError."""
     parts = name.split(".") if isinstance(name, str) else []
-    if len(parts) != 3 or not all(_IDENTIFIER.fullmatch(p) and not p.startswith("__") for p in parts):
+    if len(parts) != 3 or not all(_IDENTIFIER.fullmatch(p) for p in parts) or parts[0].startswith("__") \
+            or parts[2].startswith("__"):
         raise RewindError("not a registered torch operator")
     ns, packet, overload = parts
     if ns in _NOT_NAMESPACES or packet in ("name", "_dir"):
@@ -221,6 +223,8 @@ def resolve_op(name: str) -> Any:
     except RuntimeError:
         op, overloads = None, None
     if op is None or ("" if overload == "default" else overload) not in (overloads or ()):
+        if packet.startswith("__"):  # only a registered dunder is an op (`aten.__class__` is torch.ops' own)
+            raise RewindError("not a registered torch operator")
         return _Unavailable(name)
     try:
         namespace = getattr(torch.ops, ns)
@@ -422,8 +426,11 @@ def _refs(obj: Any, out: list[str]) -> None:
             _refs(item, out)
 
 
-def decode_program(obj: Any, initial: dict[str, Any]) -> Program:
-    """A stored Program back, every field checked (RewindError naming the node or value and what is wrong)."""
+def decode_program(obj: Any, initial: dict[str, Any], run_on_meta: bool = True) -> Program:
+    """A stored Program back, every field checked (RewindError naming the node or value and what is wrong); with
+    run_on_meta, each node's operator also run on meta tensors to check what it writes (_check_on_meta). Without,
+    for a Program this machine's Rewind wrote and sealed (the program cache's: torch's Python meta kernels import
+    torch._dynamo, seconds of a launch), a node described wrongly fails when it runs."""
     if not isinstance(obj, dict):
         raise RewindError("corrupt program record: not a map")
     for key in ("name", "nodes", "values", "outputs", "buffer_mutations", "source_files"):
@@ -441,7 +448,7 @@ def decode_program(obj: Any, initial: dict[str, Any]) -> Program:
             raise RewindError(f"value '{info.name}' is defined twice")
         values[info.name] = info
     decoded = [_decode_node(i, n, values) for i, n in enumerate(nodes)]
-    for node in decoded:
+    for node in decoded if run_on_meta else ():
         _check_on_meta(node, values)
     for info in values.values():
         if info.producer is not None and info.name not in decoded[info.producer].outputs:

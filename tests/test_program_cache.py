@@ -7,22 +7,26 @@ sys.path), so edits and entries stay its own."""
 
 from __future__ import annotations
 
-import io
+import hashlib
+import hmac
 import json
 import os
-import pickle
 import shutil
-import zipfile
+import subprocess
+import sys
 from pathlib import Path
 
+import msgpack
 import pytest
 import torch
+
+from checkpoint import codec
 
 from dap_server import cli
 from hardware.errors import RewindError
 from hardware.events import Output
 from hardware.frontends import program_cache, torch_export
-from hardware.frontends.cache_folder import CACHE_DIR_ENV, CAP_ENV, NO_CACHE_ENV, CacheFolder
+from hardware.frontends.cache_folder import CACHE_DIR_ENV, CAP_ENV, NO_CACHE_ENV, CacheFolder, sealing_key
 from hardware.session import LaunchOptions, Session
 from tests.conftest import EXAMPLES, MODELS
 
@@ -225,109 +229,97 @@ def test_a_library_the_model_imports_is_keyed_by_where_and_when_it_was_installed
 
 # -- damaged and crafted entries -------------------------------------------------------------------------------
 
-MARKER = "rewind-cache-payload-ran"
+def parts(data: bytes) -> tuple[dict, dict]:
+    """An entry's two objects: what it was made from, and the sealed body (its seal, its bytes)."""
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(data)
+    return next(unpacker), next(unpacker)
 
 
-class Payload:
-    """Unpickled, it makes a folder: proof that something read from the entry ran."""
-
-    def __init__(self, folder: Path):
-        self.folder = str(folder)
-
-    def __reduce__(self):
-        return os.mkdir, (self.folder,)
+def sealed(made_from: dict, body: dict, key: bytes | None = None) -> bytes:
+    """An entry as Rewind writes one, sealed with `key` (default: this user's)."""
+    made, inner = msgpack.packb(made_from), msgpack.packb(body, use_bin_type=True)
+    seal = hmac.new(key or sealing_key(), made + inner, hashlib.sha256).hexdigest()
+    return made + msgpack.packb({"seal": seal, "body": inner}, use_bin_type=True)
 
 
-def rebuilt(data: bytes, change) -> bytes:
-    """The entry's archive with `change(parts, root)` applied to its parts (name -> bytes)."""
-    source = zipfile.ZipFile(io.BytesIO(data))
-    root = source.namelist()[0].split("/")[0]
-    parts = {i.filename.split("/", 1)[1]: source.read(i) for i in source.infolist()}
-    change(parts, root)
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
-        for name, body in parts.items():
-            archive.writestr(f"{root}/{name}", body)
-    return out.getvalue()
+def body_of(data: bytes) -> dict:
+    return msgpack.unpackb(parts(data)[1]["body"], raw=False)
 
 
-def pickled_weight(marker: Path):
-    def change(parts, root):
-        config = json.loads(parts["data/weights/model_weights_config.json"])
-        first = next(iter(config["config"].values()))
-        first.update(use_pickle=True, path_name="weight_99")
-        parts["data/weights/model_weights_config.json"] = json.dumps(config).encode()
-        parts["data/weights/weight_99"] = pickle.dumps(Payload(marker))
-    return change
+def with_node_op(op: str, reseal: bool):
+    """The entry with its relu node calling `op`: resealed (as if Rewind had written it) or not (edited by hand)."""
+    def craft(data: bytes) -> bytes:
+        made_from, outer = parts(data)
+        body = body_of(data)
+        next(n for n in body["program"]["nodes"] if "relu" in n["op"])["op"] = op
+        if reseal:
+            return sealed(made_from, body)
+        return msgpack.packb(made_from) + msgpack.packb({**outer, "body": msgpack.packb(body, use_bin_type=True)},
+                                                        use_bin_type=True)
+    return craft
 
 
-def pickled_example_inputs(marker: Path):
-    def change(parts, root):
-        parts["data/sample_inputs/model.pt"] = pickle.dumps(Payload(marker))
-    return change
+def made_elsewhere(data: bytes) -> bytes:
+    made_from, _ = parts(data)
+    return sealed(made_from, body_of(data), key=b"0" * 64)  # anyone else's key: a project that came with its cache
 
 
-def compiled_code(marker: Path):
-    def change(parts, root):
-        parts["data/aotinductor/model/model.so"] = b"\x7fELF"
-    return change
+def with_constant_of_another_shape(data: bytes) -> bytes:
+    made_from, _ = parts(data)
+    body = body_of(data)
+    name = next(iter(body["constants"]))
+    body["constants"][name] = codec.encode_tensor(torch.zeros(7))
+    return sealed(made_from, body)
 
 
-def symbolic_expression(marker: Path):
-    def change(parts, root):
-        program = json.loads(parts["models/model.json"])
-        program["graph_module"]["graph"]["sym_int_values"]["s0"] = {
-            "as_expr": {"expr_str": f"__import__('os').mkdir({str(marker)!r})", "hint": None}}
-        parts["models/model.json"] = json.dumps(program).encode()
-    return change
-
-
-def operator_named(target: str):
-    def crafted(marker: Path):
-        def change(parts, root):
-            program = json.loads(parts["models/model.json"])
-            node = next(n for n in program["graph_module"]["graph"]["nodes"] if "relu" in n["target"])
-            node["target"] = target
-            parts["models/model.json"] = json.dumps(program).encode()
-        return change
-    return crafted
+def with_an_extension_object(data: bytes) -> bytes:
+    made_from, _ = parts(data)
+    body = body_of(data)
+    body["keywords"] = [msgpack.ExtType(7, b"payload")]  # msgpack's own escape hatch: decoded as data, never run
+    return sealed(made_from, body)
 
 
 CRAFTED = {
-    "a pickled weight": (pickled_weight, "pickled data"),
-    "pickled example inputs": (pickled_example_inputs, "example inputs"),
-    "compiled code": (compiled_code, "compiled code"),
-    "a symbolic expression": (symbolic_expression, "symbolic expressions"),
-    "a function as an operator": (operator_named("builtins.exec"), "not a torch operator"),
-    "a torch.ops method as an operator": (operator_named("torch.ops.load_library.x.y"), "torch could not read it"),
+    "an op edited by hand": (with_node_op("builtins.exec", reseal=False), "it is not sealed"),
+    "an entry made elsewhere": (made_elsewhere, "it is not sealed"),
+    "a sealed entry calling a function": (with_node_op("builtins.exec", reseal=True), "not one Rewind wrote"),
+    "a sealed entry calling a torch.ops method": (with_node_op("torch.ops.load_library.x.y", reseal=True),
+                                                   "not one Rewind wrote"),
+    "a constant of another shape": (with_constant_of_another_shape, "does not fit the module built"),
+    "an extension object": (with_an_extension_object, "takes other inputs"),
+    "bytes after its end": (lambda data: data + b"\x00", "bytes after its end"),
 }
 
 
-def test_a_crafted_entry_with_a_pickled_weight_would_run_code_under_torch_export_load(cached, tmp_path):
-    """The threat is real: torch.export.load unpickles the weight (and runs its payload)."""
-    marker = tmp_path / MARKER
-    crafted = rebuilt(cached[2], pickled_weight(marker))
-    with pytest.raises(Exception):
-        torch.export.load(io.BytesIO(crafted))
-    assert marker.exists()
-
-
 @pytest.mark.parametrize("craft", CRAFTED)
-def test_a_crafted_entry_is_discarded_with_a_note_and_nothing_in_it_runs(cached, tmp_path, craft, monkeypatch):
+def test_a_crafted_entry_is_discarded_with_a_note_and_nothing_in_it_runs(cached, craft, monkeypatch):
     model, fresh, good = cached
     monkeypatch.delenv(CACHE_DIR_ENV)
     make, reason = CRAFTED[craft]
     [entry] = entries(model)
-    marker = tmp_path / MARKER
-    entry.path.write_bytes(rebuilt(good, make(marker)))
+    entry.path.write_bytes(make(good))
     notes = []
     loaded = program_cache.load_program(str(model), note=notes.append)
-    assert not marker.exists()
     [note] = notes
     assert reason in note and "model.py" in note and "exported again" in note
+    assert not any(word in note for word in ("Error", "Exception", "Traceback", "msgpack"))
     assert_same_program(loaded, fresh)
     [again] = entries(model)
     assert again.path == entry.path and again.size == len(good)  # a good entry again
+
+
+def test_a_cached_launch_imports_nothing_of_torch_dynamo(cached):
+    """What a cached load saves: an entry is decoded, not torch.export.load-ed (which imports torch._dynamo)."""
+    model, _, _ = cached
+    probe = ("import sys, torch\nfrom hardware.frontends import program_cache\n"
+             f"program_cache.load_program({str(model)!r})\n"
+             "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))\n")
+    env = {k: v for k, v in os.environ.items() if k != CACHE_DIR_ENV}
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=240,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_a_pipe_named_as_the_entry_is_passed_over_not_waited_on(cached, monkeypatch):
@@ -353,7 +345,7 @@ def test_a_damaged_entry_is_discarded_with_a_note_in_the_session_and_rebuilt(pro
         session.close()
     [note] = [e.text for e in events if isinstance(e, Output) and "cached program" in e.text]
     assert "damaged" in note and "exported again" in note
-    assert not any(word in note for word in ("Error", "Exception", "Traceback", "zipfile"))
+    assert not any(word in note for word in ("Error", "Exception", "Traceback", "msgpack"))
     [rebuilt_entry] = entries(project)
     assert rebuilt_entry.size > entry.size // 2
 

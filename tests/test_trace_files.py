@@ -63,6 +63,21 @@ def test_a_scalar_value_is_recorded_and_read_back(tmp_path):
     assert trace.tensor("sum_1").shape == () and torch.equal(trace.tensor("sum_1"), live.tensor("sum_1"))
 
 
+def test_a_program_whose_op_is_a_dunder_is_recorded_and_opened(tmp_path):
+    """`(x > 0) & (x < 1)` exports as aten.__and__.Tensor: an operator too, though its name is a dunder."""
+    model = tmp_path / "masked.py"
+    model.write_text("import torch\nfrom torch import nn\n\n\nclass Masked(nn.Module):\n    def forward(self, x):\n"
+                     "        return x * ((x > 0) & (x < 1))\n\n\ndef build():\n    return Masked(), (torch.randn(8),)\n")
+    path = tmp_path / "masked.rwtrace"
+    live = open_session(model, record=str(path))
+    live.run()
+    live.close()
+    trace = open_trace(path)
+    assert "aten.__and__.Tensor" in {n.op for n in trace.program.nodes}
+    trace.goto(trace.end)
+    assert torch.equal(trace.tensor(live.program.outputs[0]), live.tensor(live.program.outputs[0]))
+
+
 def test_breakpoints_and_reverse_execution_work_from_the_trace(saved):
     live, path, _ = saved
     trace = open_trace(path)

@@ -1,7 +1,7 @@
 """Where the program cache keeps its entries, and what is there (docs/cache.md).
 
-An entry is one file, `<model>-<key>.pt2`: a program archive as torch.export.save writes it, with what it was made
-from in `extra/rewind.json`. The folder is `.rewind/programs/` beside the model file (`$REWIND_CACHE_DIR` instead
+An entry is one file, `<model>-<key>.rwprog`: two msgpack objects, what it was made from (a map of text), then the
+Program as checkpoint/codec.py encodes it for trace files (program_cache.py writes and checks it). The folder is `.rewind/programs/` beside the model file (`$REWIND_CACHE_DIR` instead
 when set), marked for git and backup tools as a cache. Entries appear whole or not at all (written to a temporary
 and renamed into place), a model's older entries go when its new one is written, and the least recently used go
 once the folder holds more than its cap (`$REWIND_CACHE_MB`, default 256 MiB). Only files named as entries are
@@ -16,10 +16,11 @@ import os
 import re
 import stat
 import time
-import zipfile
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
+
+import msgpack
 
 from hardware.errors import RewindError, echo, os_reason
 
@@ -28,13 +29,44 @@ NO_CACHE_ENV = "REWIND_NO_CACHE"  # set (to anything but 0): programs are export
 CAP_ENV = "REWIND_CACHE_MB"
 DEFAULT_CAP_MB = 256.0
 FOLDER = Path(".rewind") / "programs"
-METADATA = "rewind.json"  # the extra file of an entry saying what it was made from
-_SHOWN = ("model", "entry", "driver", "torch")  # what `rewind cache list` shows of an entry's rewind.json
-_ENTRY = re.compile(r"(?P<model>[0-9a-f]{12})-(?P<key>[0-9a-f]{40})\.pt2")
+SUFFIX = ".rwprog"  # the first format's entries (torch.export archives, `.pt2`) are listed and cleared, never read
+_SHOWN = ("model", "entry", "driver", "torch")  # what `rewind cache list` shows of what an entry was made from
+_ENTRY = re.compile(r"(?P<model>[0-9a-f]{12})-(?P<key>[0-9a-f]{40})\.(rwprog|pt2)")
+_MAX_MADE_FROM = 2**16  # bytes of an entry's first object read to list it
 # Written beside the entries the first time: git ignores the folder, backup tools skip it (bford.info/cachedir).
 _MARKS = {Path(".rewind") / ".gitignore": "# Rewind's program cache (docs/cache.md): not part of the project\n*\n",
           Path(".rewind") / "CACHEDIR.TAG": "Signature: 8a477f597d28d172789f06886806bc55\n"
                                             "# Rewind's program cache (docs/cache.md)\n"}
+
+
+def sealing_key() -> bytes | None:
+    """This user's key for sealing entries (made once, readable by this user only, kept apart from every cache
+    folder: $XDG_CACHE_HOME/rewind/entry-key, else ~/.cache/rewind/entry-key); None when there is nowhere to keep
+    one (the cache is then not used). An entry sealed with it was written by Rewind for this user: one a project
+    arrived with, or anyone else made, is not."""
+    return _key_in(os.environ.get("XDG_CACHE_HOME", "").strip())
+
+
+@lru_cache(maxsize=4)
+def _key_in(base: str) -> bytes | None:
+    try:
+        folder = (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "rewind"
+        path = folder / "entry-key"
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with open(fd, "wb") as f:
+                f.write(os.urandom(32).hex().encode())
+        found = os.stat(path, follow_symlinks=False)
+        if not stat.S_ISREG(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
+            return None  # not this user's own private file: no seal can be trusted
+        key = path.read_bytes()
+    except (OSError, RuntimeError):  # no home, a folder that cannot be written
+        return None
+    return key if len(key) == 64 else None
 
 
 def cache_off() -> bool:
@@ -99,7 +131,7 @@ class CacheFolder:
         return cls(folder.resolve() / FOLDER)
 
     def file_for(self, model: str, key: str) -> Path:
-        return self.path / f"{model}-{key}.pt2"
+        return self.path / f"{model}-{key}{SUFFIX}"
 
     def read(self, file: Path, limit: int) -> bytes | None:
         """An entry's bytes, marked as just used; None when there is none (or it is larger than `limit`: no entry
@@ -187,15 +219,14 @@ def _write_new(path: Path, data: bytes) -> None:
 
 
 def _made_from(file: Path) -> dict | None:
-    """An entry's rewind.json, read as data (it is shown, never trusted)."""
+    """What an entry says it was made from, read as data (it is shown, never trusted)."""
+    if file.suffix != SUFFIX:
+        return None  # the first format's: shown as one that cannot be read, cleared like the others
     try:
-        with zipfile.ZipFile(file) as archive:
-            names = [n for n in archive.namelist() if n.endswith("/extra/" + METADATA)]
-            info = archive.getinfo(names[0]) if len(names) == 1 else None
-            if info is None or info.file_size > 2**16:
-                return None
-            made = json.loads(archive.read(info))
-    except (OSError, zipfile.BadZipFile, ValueError, KeyError, EOFError, RecursionError):  # damaged, or no archive
+        with open(file, "rb") as f:
+            unpacker = msgpack.Unpacker(f, raw=False, max_buffer_size=_MAX_MADE_FROM, read_size=4096)
+            made = next(unpacker)
+    except (OSError, StopIteration, ValueError, TypeError, msgpack.UnpackException):  # damaged, or not an entry
         return None
     if not isinstance(made, dict) or not all(isinstance(made.get(k), str) for k in _SHOWN):
         return None

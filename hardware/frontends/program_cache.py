@@ -1,5 +1,5 @@
-"""The program cache: a model file's exported program saved with torch.export.save and loaded the next time instead
-of exporting again (docs/cache.md).
+"""The program cache: a model file's Program saved the first time it is exported and loaded the next time instead of
+exporting again (docs/cache.md).
 
 What is cached is the export, nothing else: the user's file is still imported and its entry called every time, so
 the weights, the inputs and whatever build() prints are the ones of this run, and a cached load gives the Program a
@@ -7,15 +7,17 @@ fresh export gives. An entry is keyed by everything its graph depends on: the mo
 imports (by content), the libraries it imports (by where they are installed and when), the entry, the driver,
 torch, Python and this frontend, and what the entry built (the module tree and its settings, each tensor's name,
 shape and dtype, the inputs' layout and their fixed values). Any of them changed is another key: a stale entry is
-never used. An entry is saved without its weights (they come from the module built in this run).
+never used. An entry is saved without its weights (they come from the module built in this run); the constants a
+forward makes itself are in it.
 
-Entries are files, and files are untrusted: before torch.export.load (which would unpickle, evaluate symbolic
-expressions and load compiled code if an archive held them) an entry must be what this module writes and nothing
-else — no pickled data, no compiled code, no symbolic expressions, every operator a `torch.ops` name — and after
-it every node must call a registered operator overload and every tensor fit the built module. An entry that is
-not is discarded with a note saying why, and the program exported again.
+An entry holds the Program as trace files hold theirs (checkpoint/codec.py), not a torch.export archive: loading one
+runs no torch.export.load, so nothing of torch._dynamo is imported on a cached launch. Entries are files, and files
+are untrusted: the entry is decoded as a trace's Program is, every field checked and every op resolved only to an
+operator registered with torch's dispatcher (nothing read is called, unpickled or evaluated), and every tensor it
+names must fit the built module and the inputs given. An entry that does not is discarded with a note saying why,
+and the program exported again.
 
-Training steps (torch_train.py: make_fx over the export, which torch.export.save cannot write) are not cached.
+Training steps (torch_train.py: make_fx over the export) are not cached.
 """
 
 from __future__ import annotations
@@ -23,47 +25,37 @@ from __future__ import annotations
 import ast
 import enum
 import hashlib
+import hmac
 import importlib.util
-import io
 import json
 import logging
-import operator
 import os
 import re
 import sys
 import sysconfig
-import zipfile
-from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import msgpack
+
 import numpy as np
 import torch
-from torch.export import ExportedProgram
 from torch.export.graph_signature import ConstantArgument, InputKind
 from torch.utils import _pytree as pytree
 
-from hardware.errors import echo
+from checkpoint.codec import decode_program, decode_tensor, encode_program, encode_tensor
+from checkpoint.trace import unpacked
+from hardware.errors import RewindError, echo
 from hardware.frontends import torch_export, torch_train
-from hardware.frontends.cache_folder import METADATA, CacheFolder, cache_off, cap_bytes, model_id
+from hardware.frontends.cache_folder import CacheFolder, cache_off, cap_bytes, model_id, sealing_key
 from hardware.program import Program
+from hardware.torch_tensors import dtype_name
 
 log = logging.getLogger("rewind.cache")
-FORMAT = 1  # of an entry: what is stripped, what rewind.json holds
-# The parts of an archive torch.export.save writes for a program without weights, example inputs or objects.
-_PART = re.compile(r"archive_format|archive_version|byteorder|\.data/version|\.data/serialization_id"
-                   r"|models/model\.json|data/sample_inputs/model\.pt|data/(weights|constants)/model_\1_config\.json"
-                   r"|data/weights/weight_\d+|data/constants/tensor_\d+|extra/" + re.escape(METADATA))
-_NEEDED = ("models/model.json", "data/weights/model_weights_config.json",
-           "data/constants/model_constants_config.json", "extra/" + METADATA)
-# torch.ops.<namespace>.<op>.<overload>; an op may be a dunder (aten.__and__.Tensor), a namespace or overload not.
-_OPERATOR = re.compile(r"torch\.ops\.(?!__)[A-Za-z_]\w*\.[A-Za-z_]\w*\.(?!__)[A-Za-z_]\w*")
-# Argument forms that never occur in a program Rewind caches: a symbolic expression (torch parses it with
-# sympy, which evaluates it), a subgraph, an object.
-_REFUSED_FORMS = ("as_expr", "as_graph", "as_custom_obj", "as_opaque_obj")
+FORMAT = 2  # of an entry: what it holds (1 was a torch.export archive)
 _NOT_PROJECT = (Path(os.path.realpath(sysconfig.get_paths()["stdlib"])), Path(os.path.realpath(torch.__file__)).parent)
-_TORCH_LOGGERS = ("torch.export", "torch.export.pt2_archive._package", "torch._export.serde.serialize")
+_INITIAL_KINDS = ("parameter", "buffer", "constant")  # values whose tensors come from the module (or the entry)
 
 
 class Unusable(Exception):
@@ -99,11 +91,11 @@ class ProgramCache:
     def imported(self, files: list[str]) -> None:
         self.dropped.update(files)
 
-    def export(self, model: torch.nn.Module, args: tuple, kwargs: dict, name: str) -> ExportedProgram:
-        """torch_export.export's result for these arguments: the cached one, else exported (and saved)."""
+    def program(self, model: torch.nn.Module, args: tuple, kwargs: dict, name: str) -> Program:
+        """torch_export.fresh_program's result for these arguments: the cached Program, else exported (and saved)."""
         sources = self.sources()
         if sources is None:  # a file cannot be read, or the model file changed since it was imported
-            return torch_export.export(model, args, kwargs, name)
+            return torch_export.fresh_program(model, args, kwargs, name)
         folder = CacheFolder.beside(self.file)
         key = self.key(model, args, kwargs, name, sources)
         target = folder.file_for(self.model, key)
@@ -116,11 +108,13 @@ class ProgramCache:
                 self._tell(f"the cached program of {self.file.name} ({self.entry}) was not used: {why}; it was "
                            "discarded and the program exported again")
         exported = torch_export.export(model, args, kwargs, name)
+        program = torch_export.program_from_export(exported, torch_export.tensor_inputs(exported, args, kwargs), name,
+                                                   model)
         if self.sources() == sources:  # the files exported are the files keyed
-            archive = _archive(exported, model, self._made_from(key))
-            if archive is not None:
-                folder.write(self.model, key, archive, self.cap)
-        return exported
+            entry = _entry(program, exported, model, args, kwargs, self._made_from(key))
+            if entry is not None:
+                folder.write(self.model, key, entry, self.cap)
+        return program
 
     def sources(self) -> dict | None:
         """The files the program comes from as they are now (_sources), with those the load imported; None when
@@ -308,157 +302,102 @@ def _given(args: tuple, kwargs: dict) -> list:
 
 # -- writing an entry ------------------------------------------------------------------------------------------
 
-def _archive(exported: ExportedProgram, model: torch.nn.Module, made_from: dict) -> bytes | None:
-    """The entry's bytes: the program with its weights left out (shapes and dtypes only), no example inputs; None
-    for a program this cache does not hold (one its own loading would refuse)."""
+def _entry(program: Program, exported: Any, model: torch.nn.Module, args: tuple, kwargs: dict,
+           made_from: dict) -> bytes | None:
+    """The entry's bytes: what it was made from, then the Program without the module's tensors or the inputs (their
+    names, shapes and dtypes only), with the constants forward made itself and the order export took keyword
+    inputs in; None for a program this cache does not hold (one its own loading would refuse, or load as another
+    Program than this one)."""
     own = torch_export.model_tensors(model)
-    meta = {k: _placeholder(v) if k in own else v for k, v in exported.constants.items()}
+    constants = {name: encode_tensor(program.initial[name]) for name, info in program.values.items()
+                 if info.kind == "constant" and info.target not in own}
+    in_spec = exported.call_spec.in_spec
+    order = list(torch_export.reorder_kwargs(kwargs, in_spec)) if kwargs and in_spec is not None else []
+    key = sealing_key()
     try:
-        stripped = ExportedProgram(
-            root=exported.graph_module, graph=exported.graph, graph_signature=exported.graph_signature,
-            state_dict={k: _placeholder(v) for k, v in exported.state_dict.items()},
-            range_constraints=exported.range_constraints, module_call_graph=exported.module_call_graph,
-            example_inputs=None, constants=meta, verifiers=exported.verifiers)
-        buffer = io.BytesIO()
-        with _torch_quiet():
-            torch.export.save(stripped, buffer, extra_files={METADATA: json.dumps(made_from)})
-        data = buffer.getvalue()
-        _check_parts(data)
+        body = msgpack.packb({"program": encode_program(program), "constants": constants, "keywords": order},
+                             use_bin_type=True)
+        made = msgpack.packb(made_from, use_bin_type=True)
+        data = made + msgpack.packb({"seal": _seal(key, made, body), "body": body}, use_bin_type=True)
+        loaded = _checked_load(data, made_from["key"], model, args, kwargs)
     except Exception:  # noqa: BLE001 (any failure to write one means: not cached, the launch goes on)
         return None
-    return data
-
-
-def _placeholder(tensor: Any) -> Any:
-    if not isinstance(tensor, torch.Tensor):
-        return tensor
-    empty = torch.empty_like(tensor, device="meta")
-    return torch.nn.Parameter(empty, tensor.requires_grad) if isinstance(tensor, torch.nn.Parameter) else empty
+    same = loaded.nodes == program.nodes and loaded.values == program.values and loaded.outputs == program.outputs \
+        and loaded.buffer_mutations == program.buffer_mutations and loaded.initial.keys() == program.initial.keys()
+    return data if same else None
 
 
 # -- loading an entry ------------------------------------------------------------------------------------------
 
-def _checked_load(data: bytes, key: str, model: torch.nn.Module, args: tuple, kwargs: dict) -> ExportedProgram:
-    """The ExportedProgram in an entry that passes every check; Unusable says which one it failed."""
-    made_from = _check_parts(data)
-    if made_from.get("key") != key or made_from.get("format") != FORMAT:
+def _seal(key: bytes | None, made: bytes, body: bytes) -> str:
+    if key is None:
+        raise Unusable("there is nowhere to keep the key that seals entries")
+    return hmac.new(key, made + body, hashlib.sha256).hexdigest()
+
+
+def _checked_load(data: bytes, key: str, model: torch.nn.Module, args: tuple, kwargs: dict) -> Program:
+    """The Program in an entry that passes every check; Unusable says which one it failed. Only an entry sealed with
+    this user's key (cache_folder.sealing_key: one Rewind wrote here, whose Program it checked against the export
+    then) is decoded at all."""
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=len(data) + 1)
+    unpacker.feed(data)
+    try:
+        made_from = next(unpacker)
+        made = data[:unpacker.tell()]
+        sealed = next(unpacker)
+        if unpacker.tell() != len(data):
+            raise Unusable("it has bytes after its end (the entry is damaged)")
+    except (StopIteration, ValueError, TypeError, OverflowError, MemoryError, RecursionError, msgpack.UnpackException):
+        raise Unusable("it is not a program entry (the entry is damaged)") from None
+    if not isinstance(made_from, dict) or made_from.get("key") != key or made_from.get("format") != FORMAT:
         raise Unusable("it was made for another program")
+    if not isinstance(sealed, dict) or not isinstance(sealed.get("seal"), str) or not isinstance(sealed.get("body"),
+                                                                                                 bytes):
+        raise Unusable("it is not a program entry (the entry is damaged)")
+    if not hmac.compare_digest(_seal(sealing_key(), made, sealed["body"]), sealed["seal"]):
+        raise Unusable("it is not sealed as the entries Rewind writes for you are (it was changed, or made elsewhere)")
+    body, problem = unpacked(sealed["body"])
+    if problem is not None or not isinstance(body, dict) or not {"program", "constants", "keywords"} <= body.keys():
+        raise Unusable("it is not a program entry (the entry is damaged)")
+    initial: dict[str, Any] = {}
     try:
-        with _torch_quiet():
-            exported = torch.export.load(io.BytesIO(data))
-    except Exception:  # noqa: BLE001 (what torch raises on a damaged archive varies; the note says it in words)
-        raise Unusable("torch could not read it (the entry is damaged)") from None
-    _check_graph(exported)
-    _check_fit(exported, model, args, kwargs)
-    return exported
+        program = decode_program(body["program"], initial, run_on_meta=False)  # sealed: checked when written
+    except RewindError as exc:  # its words name the node or value and what is wrong
+        raise Unusable(f"its program is not one Rewind wrote ({exc})") from None
+    initial.update(_initial(program, body, model, args, kwargs))
+    program.source_files = torch_export.source_files(program.nodes)  # as they are now: the key holds their text
+    return program
 
 
-def _check_parts(data: bytes) -> dict:
-    """Refuse an archive holding anything but what _archive writes; its rewind.json."""
-    try:
-        archive = zipfile.ZipFile(io.BytesIO(data))
-        infos = archive.infolist()
-        roots = {i.filename.split("/", 1)[0] for i in infos}
-        parts = {i.filename.split("/", 1)[-1]: i for i in infos}
-        if len(roots) != 1 or len(parts) != len(infos):
-            raise Unusable("it is not laid out as a program archive")
-        odd = sorted(p for p in parts if not _PART.fullmatch(p))
-        if odd:
-            raise Unusable(f"it holds a part a cached program never has ({echo(odd[0])}): compiled code, pickled "
-                           "objects or example inputs are never loaded")
-        if any(i.compress_type != zipfile.ZIP_STORED for i in infos) or any(n not in parts for n in _NEEDED):
-            raise Unusable("it is not laid out as a program archive")
-
-        def read(part: str) -> Any:
-            return json.loads(archive.read(parts[part]))
-
-        _check_payloads(read("data/weights/model_weights_config.json"), weights=True)
-        _check_payloads(read("data/constants/model_constants_config.json"), weights=False)
-        if any(i.file_size for p, i in parts.items() if p.startswith(("data/weights/weight_", "data/sample_"))):
-            raise Unusable("it holds weights or example inputs, which a cached program leaves out")
-        _check_program(read("models/model.json"))
-        made_from = read("extra/" + METADATA)
-    except Unusable:
-        raise
-    except (zipfile.BadZipFile, ValueError, KeyError, TypeError, AttributeError, EOFError, RecursionError):
-        raise Unusable("it is not a program archive (the entry is damaged)") from None
-    if not isinstance(made_from, dict):
-        raise Unusable("it does not say what it was made from")
-    return made_from
-
-
-def _check_payloads(config: dict, weights: bool) -> None:
-    """Weights are placeholders (no data); constants are plain tensors; nothing is pickled."""
-    for payload in config["config"].values():
-        device = payload["tensor_meta"]["device"]["type"]
-        if payload["use_pickle"] is not False or (weights and device != "meta") or not (
-                weights or payload["path_name"].startswith("tensor_")):
-            raise Unusable("it holds pickled data or weights, which a cached program never has")
-
-
-def _check_program(program: dict) -> None:
-    """The serialized graph names no symbolic expression, subgraph or object, and only torch.ops operators."""
-    if program["range_constraints"] or program.get("guards_code"):
-        raise Unusable("it holds symbolic shapes, which a cached program never has")
-    stack = [program]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            if any(form in item for form in _REFUSED_FORMS):
-                raise Unusable("it holds symbolic expressions or objects, which a cached program never has")
-            stack += item.values()
-        elif isinstance(item, list):
-            stack += item
-    for node in program["graph_module"]["graph"]["nodes"]:
-        target = node["target"]
-        if not (target == "_operator.getitem" or (isinstance(target, str) and _OPERATOR.fullmatch(target))):
-            raise Unusable(f"a node calls {echo(repr(target))}, which is not a torch operator")
-
-
-def _check_graph(exported: ExportedProgram) -> None:
-    """Every node calls a registered operator overload (or takes an item of a result)."""
-    for node in exported.graph.nodes:
-        if node.op in ("placeholder", "output"):
-            continue
-        if node.op != "call_function" or not (node.target is operator.getitem or isinstance(
-                node.target, torch._ops.OpOverload)):
-            raise Unusable(f"its node '{echo(node.name)}' calls something that is not a registered torch operator")
-
-
-def _check_fit(exported: ExportedProgram, model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-    """Each tensor the program reads is one of the built module's (or a constant it holds itself), and each input
-    the one given, with the same shape and dtype."""
+def _initial(program: Program, body: dict, model: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The tensors the Program starts from: the built module's, the entry's own constants, the inputs given, each
+    fitting the value it is (shape and dtype)."""
     own = torch_export.model_tensors(model)
-    placeholders = {n.name: n.meta.get("val") for n in exported.graph.nodes if n.op == "placeholder"}
-    try:
-        given = iter(torch_export.tensor_inputs(exported, args, kwargs))
-    except Exception:  # noqa: BLE001 (inputs laid out otherwise: pytree says so in its own words)
-        raise Unusable("it takes other inputs than the ones given") from None
-    for spec in exported.graph_signature.input_specs:
-        if spec.kind == InputKind.USER_INPUT and isinstance(spec.arg, ConstantArgument):
-            continue
-        if spec.kind == InputKind.USER_INPUT:
+    constants, order = body["constants"], body["keywords"]
+    if not isinstance(constants, dict) or not isinstance(order, list) or (kwargs and sorted(order) != sorted(kwargs)):
+        raise Unusable("it takes other inputs than the ones given")
+    ordered = {k: kwargs[k] for k in order} if kwargs else {}
+    given = iter(t for t in pytree.tree_leaves((args, ordered)) if isinstance(t, torch.Tensor))
+    initial: dict[str, Any] = {}
+    for name, info in program.values.items():
+        if info.kind == "input":
             tensor = next(given, None)
+        elif info.kind in _INITIAL_KINDS:
+            if info.target in own:
+                tensor = own[info.target]
+            elif info.kind == "constant" and name in constants:
+                try:
+                    tensor = decode_tensor(constants[name])
+                except RewindError:
+                    raise Unusable(f"its constant '{echo(name)}' is damaged") from None
+            else:
+                tensor = None
         else:
-            tensor = own.get(spec.target, exported.constants.get(spec.target))
-        expected = placeholders.get(spec.arg.name)
-        if not (isinstance(tensor, torch.Tensor) and isinstance(expected, torch.Tensor) and tensor.device.type !=
-                "meta" and tensor.shape == expected.shape and tensor.dtype == expected.dtype):
-            raise Unusable(f"its value '{echo(spec.arg.name)}' does not fit the module built")
-
-
-@contextmanager
-def _torch_quiet() -> Iterator[None]:
-    """torch logs its own account of a damaged archive (with a traceback); the note says it once, in words."""
-    loggers = [logging.getLogger(name) for name in _TORCH_LOGGERS]
-    for logger in loggers:
-        logger.addFilter(_drop)
-    try:
-        yield
-    finally:
-        for logger in loggers:
-            logger.removeFilter(_drop)
-
-
-def _drop(record: logging.LogRecord) -> bool:
-    return False
+            continue
+        if not (isinstance(tensor, torch.Tensor) and tensor.device.type != "meta" and tuple(tensor.shape) == info.shape
+                and dtype_name(tensor.dtype) == info.dtype):
+            raise Unusable(f"its value '{echo(name)}' does not fit the module built")
+        initial[name] = tensor.detach()
+    if next(given, None) is not None:
+        raise Unusable("it takes other inputs than the ones given")
+    return initial

@@ -193,7 +193,13 @@ def export_program(model: torch.nn.Module, inputs: Inputs, name: str = "program"
     check_input_types(model, args, kwargs)
     with torch.no_grad():
         hooks = LOAD_HOOKS.get()
-        exported = hooks.export(model, args, kwargs, name) if hooks is not None else export(model, args, kwargs, name)
+        return hooks.program(model, args, kwargs, name) if hooks is not None else fresh_program(model, args, kwargs,
+                                                                                                 name)
+
+
+def fresh_program(model: torch.nn.Module, args: tuple, kwargs: dict, name: str) -> Program:
+    """The Program of an export of `model` made now (no cache)."""
+    exported = export(model, args, kwargs, name)
     return program_from_export(exported, tensor_inputs(exported, args, kwargs), name, model)
 
 
@@ -268,8 +274,8 @@ def with_region_lines(ep: ExportedProgram, regions: list[dict[str, dict]]) -> Ex
 class LoadHooks(Protocol):
     """What watches and serves the load of a model file under way (program_cache.py's program cache)."""
 
-    def export(self, model: torch.nn.Module, args: tuple, kwargs: dict, name: str) -> ExportedProgram:
-        """Instead of export() in export_program: its result for these arguments."""
+    def program(self, model: torch.nn.Module, args: tuple, kwargs: dict, name: str) -> Program:
+        """Instead of fresh_program() in export_program: its result for these arguments."""
 
     def imported(self, files: list[str]) -> None:
         """The files of the modules the user's file imported from its folder and the folders it put on sys.path."""
