@@ -39,6 +39,9 @@ EXCEPTION_FILTERS += [
     {"filter": "race", "label": "Data race (many-core chip)", "default": False,
      "description": "Stop right after two units access the same memory, at least one writing, with nothing "
                     "ordering them (sim chip: barriers, semaphores, DMA waits)"},
+    {"filter": "access", "label": "Bad access (Triton kernel)", "default": False,
+     "description": "Stop right after a kernel operation that touches lanes outside every tensor without a mask, "
+                    "stores a value a masked-off lane's padding decided, or reads what no program wrote"},
     {"filter": "hang", "label": "Hang (many-core chip)", "default": False,
      "description": "Stop when every live unit of a node is blocked, with the wait-for graph"},
     {"filter": LOSS_SPIKE, "label": "Loss spike (training)", "default": False,
@@ -49,8 +52,9 @@ EXCEPTION_FILTERS += [
                              "without a condition)"},
 ]
 EXCEPTION_KINDS = {"nan": "NaN", "inf": "Inf", "divergence": "Divergence", "race": "Race", "hang": "Hang",
+                   "access": "Bad access",
                    LOSS_SPIKE: "LossSpike", REPLICAS: "Replicas"}  # exceptionInfo typeName, stopped text
-_SAID_IN_EVIDENCE = ("race", "hang", LOSS_SPIKE, REPLICAS)  # findings whose evidence says it all (its stackTrace)
+_SAID_IN_EVIDENCE = ("race", "hang", "access", LOSS_SPIKE, REPLICAS)  # findings whose evidence says it all
 DEFAULT_EXCEPTION_FILTERS = {f["filter"] for f in EXCEPTION_FILTERS if f["default"]}
 
 

@@ -104,7 +104,7 @@ class ExceptionDetails:
 
     def description(self) -> str:
         where = f" at {self.source}" if self.source else ""
-        if self.filter in ("race", "hang", "loss-spike", "replicas"):  # a many-core chip's, a training run's, ranks'
+        if self.filter in ("race", "hang", "access", "loss-spike", "replicas"):  # a chip's, a training run's, ranks'
             return self.evidence["message"]
         if self.filter == "divergence":
             return (f"'{self.value}' diverges from the reference at {self.count} element(s): "

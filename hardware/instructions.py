@@ -53,6 +53,18 @@ class HangReport:
     waits: tuple[UnitWait, ...]
 
 
+@dataclass(frozen=True)
+class StepFinding:
+    """Something else a chip's run found at one step (a kernel's out-of-bounds lanes, padding reaching an output):
+    the exception filter that stops there, and what it says."""
+
+    filter: str
+    step: int  # the step that did it: a stop is after it
+    unit: int
+    message: str
+    detail: dict = field(default_factory=dict)
+
+
 @dataclass
 class NodeSchedule:
     """A node's recorded interleaving: unit (Chip unit id) and instruction index of every step."""
@@ -61,6 +73,7 @@ class NodeSchedule:
     pcs: np.ndarray
     races: list[RaceReport] = field(default_factory=list)
     hang: HangReport | None = None
+    findings: list[StepFinding] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.units)
@@ -85,6 +98,8 @@ class InstructionInfo:
     unit: int
     pc: int
     text: str
+    file: str | None = None  # the source line of the instruction itself, on a chip whose code has lines (a kernel's)
+    line: int | None = None
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from hardware.program import Program
+
 from hardware.driver import Driver
 from hardware.drivers.torch import TorchDriver
 from hardware.drivers.trace import TraceDriver
@@ -25,11 +27,25 @@ def open_driver(spec: str, options: Mapping[str, Any] | None = None) -> Driver:
         from hardware.drivers.sim import SimDriver
 
         return SimDriver.from_spec(spec, options)
+    if kind == "triton":
+        raise DriverError("the triton driver runs a kernel file: launch it with entry 'kernel' (rewind debug file.py "
+                          "--entry kernel), whose kernel() returns (jit_function, grid, args, kwargs)")
     if options:
         raise DriverError(f"driver '{spec}' takes no options ({', '.join(sorted(options))}): they are the sim chip's")
     if spec == "auto" or kind == "torch":
         return TorchDriver.from_spec(spec)
     raise DriverError(f"unknown driver '{spec}': use auto, torch:cpu, torch:cuda, torch:cuda:N, sim or sim:<chip>")
+
+
+def open_kernel(path: str, spec: str = "auto") -> tuple[Program, Driver]:
+    """A kernel file's launch (entry `kernel`: docs/kernels.md) as a Program, on the triton driver that has run it
+    once under the Triton interpreter."""
+    if spec not in ("auto", "triton"):
+        raise DriverError(f"a kernel file runs on the triton driver (driver auto or triton), not '{spec}'")
+    # deferred: start-up time; Triton is an optional extra, imported only for a kernel
+    from hardware.drivers.triton import open_kernel as open_triton_kernel
+
+    return open_triton_kernel(path)
 
 
 def trace_driver(reader: RecordedRun, recompute: Driver | None = None) -> Driver:

@@ -34,7 +34,7 @@ from provenance.writelog import WriteRecord
 
 REACHING_OUTPUT = "nonfinite-output"
 LOSS_SPIKE = "loss-spike"
-KNOWN_FILTERS = ("nan", "inf", "divergence", REACHING_OUTPUT, "race", "hang", LOSS_SPIKE)
+KNOWN_FILTERS = ("nan", "inf", "divergence", REACHING_OUTPUT, "race", "access", "hang", LOSS_SPIKE)
 SPIKE_FACTOR = 10.0  # loss-spike's k unless its condition says otherwise
 _SPIKE_CONDITION = re.compile(r"\s*k\s*=\s*(\S+)\s*")
 

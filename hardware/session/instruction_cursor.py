@@ -12,12 +12,14 @@ recorded Schedules (which unit ran which instruction at each step), without repl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
 import numpy as np
 
-from hardware.errors import RewindError
+from hardware.errors import ExpressionError, RewindError
 from hardware.events import ExceptionDetails, Output
+from hardware.expressions import evaluate, truth
 from hardware.instructions import InstructionDriver, NodeSchedule, RaceReport
 from hardware.session.breakpoints import Breakpoint, BreakpointTable
 from hardware.session.exception_filters import ExceptionFilters
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from hardware.program import Node
 
 FORWARD = Direction.FORWARD
+CHIP_FILTERS = {"race", "hang", "access"}  # exception filters answered from a node's recorded Schedule
 Targets = Callable[[NodeSchedule | None], np.ndarray]  # positions k of a node a motion may stop at
 
 
@@ -37,6 +40,14 @@ class InstructionBreakpoint(Breakpoint):
     node: int = -1
     unit: int = -1
     pc: int = -1
+
+
+@dataclass
+class CodeLineBreakpoint(Breakpoint):
+    """A line breakpoint on a line of the chip's own code (a kernel's), bound to the instructions at that line: it
+    holds where a unit begins executing the line; its condition is over that unit's local values there."""
+
+    at: frozenset = frozenset()  # (unit, pc) of the instructions at the line, and the first of each run of them
 
 
 @dataclass(frozen=True)
@@ -58,11 +69,20 @@ class InstructionCursor:
         self.state, self.table, self.exceptions = state, table, exceptions
         self._stopped, self._write_value = stopped, write_value
         self._at: tuple[int, int, int] | None = None  # (tick, node index, step)
-        self.breakpoints: list[InstructionBreakpoint] = list(breakpoints)
+        self.breakpoints: list[InstructionBreakpoint] = [bp for bp in breakpoints
+                                                         if isinstance(bp, InstructionBreakpoint)]
+        self.code_lines: dict[str, list[CodeLineBreakpoint]] = {}
+        self._lines: dict[str, dict[int, set[tuple[int, int]]]] = {}
         for bp in self.breakpoints:
             bp.verified, bp.message = True, None
             self.table.validate(bp)
             self._bind(bp, InstructionSpec(bp.spec))
+        for bp in breakpoints:
+            if isinstance(bp, CodeLineBreakpoint):
+                bp.verified, bp.message = True, None
+                self.table.validate(bp)
+                self._bind_line(bp)
+                self.code_lines.setdefault(bp.file, []).append(bp)
 
     @property
     def tl(self) -> "Timeline":
@@ -166,7 +186,7 @@ class InstructionCursor:
         of the node at `tick` (hi None: up to and including its end). Sets the cursor when found."""
         if not 0 <= tick < self.tl.end or self.tl.node_at(tick) is None:
             return None
-        if not self.breakpoints and not ({"race", "hang"} & self.exceptions.filters):
+        if not self.breakpoints and not self._code_line_bps() and not (CHIP_FILTERS & self.exceptions.filters):
             return None
         sched = self.schedule(tick)
         hi = self._last(sched) + 1 if hi is None else hi
@@ -227,6 +247,15 @@ class InstructionCursor:
         if "race" in self.exceptions.filters:
             for race in reversed(sched.races):
                 out[race.second_step + 1] = lambda race=race: self._race_stop(tick, node, race)
+        for found in reversed(sched.findings):
+            if found.filter in self.exceptions.filters:
+                out[found.step + 1] = lambda found=found: self._exception(
+                    tick, node, found.filter, found.message, found.detail | {"unit": self.tl.unit_name(found.unit)},
+                    node.outputs[0], 1, found.unit)
+        for k, bps in self._code_line_hits(tick, sched).items():
+            out[k] = lambda k=k, bps=bps: Stop("breakpoint", tick, ", ".join(
+                f"breakpoint {bp.id} at {Path(bp.file).name}:{bp.line}" for bp in bps), [bp.id for bp in bps],
+                unit=int(sched.units[k]))
         hits: dict[int, list[InstructionBreakpoint]] = {}
         for bp in self.breakpoints:
             if bp.verified and bp.node == node.index:
@@ -236,6 +265,81 @@ class InstructionCursor:
             out[k] = lambda bps=bps: Stop("instruction breakpoint", tick, ", ".join(
                 f"instruction breakpoint {bp.id} at {bp.spec}" for bp in bps), [bp.id for bp in bps], unit=bps[0].unit)
         return out
+
+    # -- line breakpoints on the chip's own code ----------------------------------------------------------
+    def has_code_lines(self, file: str) -> bool:
+        """Does the chip's code (the instructions of the program's nodes) have lines in `file`?"""
+        return bool(self._lines_in(str(Path(file).resolve()) if file else file))
+
+    def _lines_in(self, file: str) -> dict[int, set[tuple[int, int]]]:
+        """line -> (unit, pc) of the instructions at it, over every unit of every node (a launch's code is fixed)."""
+        if file in self._lines:
+            return self._lines[file]
+        out: dict[int, set[tuple[int, int]]] = {}
+        self._lines[file] = out
+        for node in self.tl.program.nodes:
+            for unit in range(1, len(self.tl.unit_names)):
+                for info in self.driver.disassemble(node.index, unit):
+                    if info.line is not None and info.file == file:
+                        out.setdefault(info.line, set()).add((unit, info.pc))
+        return out
+
+    def set_code_line_breakpoints(self, file: str, specs: Iterable) -> list[Breakpoint]:
+        """Replace the breakpoints of `file`, a file of the chip's code (LineSpecs)."""
+        path = str(Path(file).resolve())
+        out = []
+        for spec in specs:
+            bp = CodeLineBreakpoint(self.table.next_id(), "line", f"{path}:{spec.line}", spec.condition,
+                                    spec.hit_condition, spec.log_message, file=path, line=int(spec.line))
+            self.table.validate(bp)
+            if bp.verified:
+                self._bind_line(bp)
+            out.append(bp)
+        self.code_lines[path] = out
+        return out
+
+    def _bind_line(self, bp: CodeLineBreakpoint) -> None:
+        lines = self._lines_in(bp.file)
+        later = [ln for ln in sorted(lines) if ln >= bp.line]
+        if not later or later[0] > bp.line + 3:
+            bp.verified, bp.message = False, f"no operation of the kernel runs at line {bp.line}"
+            return
+        bp.line = later[0]
+        starts = set()
+        for unit, pc in lines[bp.line]:
+            if (unit, pc - 1) not in lines[bp.line]:
+                starts.add((unit, pc))
+        bp.at = frozenset(starts)
+
+    def _code_line_bps(self) -> list[CodeLineBreakpoint]:
+        return [bp for bps in self.code_lines.values() for bp in bps if bp.verified and bp.log_message is None]
+
+    def _code_line_hits(self, tick: Tick, sched: NodeSchedule) -> dict[int, list[CodeLineBreakpoint]]:
+        """Positions where a unit begins executing a breakpoint's line, whose condition holds and whose hit
+        condition accepts the hit (counted in the node's steps)."""
+        hits: dict[int, list[CodeLineBreakpoint]] = {}
+        for bp in self._code_line_bps():
+            count = 0
+            for k in range(len(sched)):
+                if (int(sched.units[k]), int(sched.pcs[k])) not in bp.at:
+                    continue
+                if bp.condition and not self._code_condition(bp, tick, k, int(sched.units[k])):
+                    continue
+                count += 1
+                if bp.accepts_hits(count):
+                    hits.setdefault(k, []).append(bp)
+        return hits
+
+    def _code_condition(self, bp: CodeLineBreakpoint, tick: Tick, k: int, unit: int) -> bool:
+        key = (tick, k)
+        if key not in bp._cond_cache:
+            names = self.chip(tick, k).locals(unit)
+            try:
+                bp._cond_cache[key] = truth(evaluate(bp.condition, names))
+            except ExpressionError as exc:
+                self.state.on_event(Output(f"breakpoint {bp.id} condition failed at step {k}: {exc}\n", "error"))
+                bp._cond_cache[key] = True  # an unevaluable condition stops, so the user sees why
+        return bp._cond_cache[key]
 
     def set_breakpoints(self, specs: Iterable[InstructionSpec]) -> list[Breakpoint]:
         out = []
@@ -273,16 +377,17 @@ class InstructionCursor:
         info = infos.get(pc)
         name = self.tl.unit_name(unit)
         return {"unit": name, "pc": pc, "address": f"{info.address:#x}" if info else None,
-                "instruction": info.text if info else "?"}
+                "instruction": info.text if info else "?", "line": info.line if info else None}
 
     def _race_stop(self, tick: Tick, node: "Node", race: RaceReport) -> Stop:
         first = self._instruction(node, race.first_unit, race.first_pc) | {"step": race.first_step}
         second = self._instruction(node, race.second_unit, race.second_pc) | {"step": race.second_step}
         span = f"[{race.address:#x}, {race.address + race.nbytes:#x})"
+        at = [f" at line {side['line']}" if side["line"] is not None else "" for side in (first, second)]
         message = (f"race on '{race.tensor}' {span} in {race.space} ({race.kind}): {first['unit']} "
-                   f"`{first['instruction'].split()[0]}` at step {race.first_step} and {second['unit']} "
-                   f"`{second['instruction'].split()[0]}` at step {race.second_step} are not ordered by any barrier, "
-                   f"semaphore or DMA wait, in node '{node.name}'" + (f" at {node.loc}" if node.loc else ""))
+                   f"`{first['instruction'].split()[0]}`{at[0]} at step {race.first_step} and {second['unit']} "
+                   f"`{second['instruction'].split()[0]}`{at[1]} at step {race.second_step} are not ordered by any "
+                   f"barrier, semaphore or DMA wait, in node '{node.name}'" + (f" at {node.loc}" if node.loc else ""))
         detail = {"node": node.name, "tensor": race.tensor, "space": race.space, "kind": race.kind,
                   "addresses": [f"{race.address:#x}", f"{race.address + race.nbytes:#x}"],
                   "units": [first["unit"], second["unit"]], "instructions": [first, second]}
@@ -320,7 +425,8 @@ class InstructionCursor:
         current = self._pc(unit) if tick == tl.position else None
         source = {"file": node.loc.file, "line": node.loc.line} if node.loc else None
         return [{"address": f"{i.address:#x}", "instruction": i.text, "pc": i.pc, "node": node.name,
-                 "tick": tick, "source": source, "current": i.pc == current}
+                 "tick": tick, "source": {"file": i.file, "line": i.line} if i.line is not None else source,
+                 "current": i.pc == current}
                 for i in self.driver.disassemble(node.index, unit)]
 
     def _pc(self, unit: int) -> int | None:
@@ -339,10 +445,11 @@ class InstructionCursor:
         state = next(u for u in self.chip().units() if u.unit == unit)
         name = tl.unit_name(unit)
         what = f"{name}: {state.status}" if state.pc is None else f"{name} pc {state.pc}: {state.detail}"
-        address = next((i.address for i in self.driver.disassemble(node.index, unit) if i.pc == state.pc), None)
+        info = next((i for i in self.driver.disassemble(node.index, unit) if i.pc == state.pc), None)
         top = node_frames[0]
-        return [FrameInfo(top.id, f"{what} — {top.name}", top.file, top.line, top.module_path,
-                          instruction_pointer=address)] + node_frames[1:]
+        file, line = (info.file, info.line) if info is not None and info.line is not None else (top.file, top.line)
+        return [FrameInfo(top.id, f"{what} — {top.name}", file, line, top.module_path,
+                          instruction_pointer=info.address if info else None)] + node_frames[1:]
 
     # -- memory by physical address ------------------------------------------------------------------
     def read(self, address: int, count: int) -> bytes:

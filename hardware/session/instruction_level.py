@@ -28,7 +28,8 @@ class InstructionLevel:
 
     def attach(self) -> None:
         """After a launch: a cursor for an instruction-stream driver, keeping the earlier launch's breakpoints."""
-        kept = self.cursor.breakpoints if self.cursor is not None else []
+        kept = self.cursor.breakpoints + [bp for bps in self.cursor.code_lines.values() for bp in bps] \
+            if self.cursor is not None else []
         self.cursor = None
         if isinstance(self.state.tl.driver, InstructionDriver):
             self.cursor = self._make_cursor(kept)
@@ -52,6 +53,13 @@ class InstructionLevel:
     def disassemble(self, unit: int, tick: Tick | None = None) -> list[dict]:
         """A unit's instructions in the node at `tick` (default: the current node), each with its source line."""
         return self._cursor().disassemble(unit, tick)
+
+    def has_code_lines(self, file: str) -> bool:
+        """Is `file` a file of the chip's own code (a kernel's), whose lines instructions run at?"""
+        return self.cursor is not None and self.cursor.has_code_lines(file)
+
+    def set_code_line_breakpoints(self, file: str, specs: Iterable) -> list[Breakpoint]:
+        return self._cursor().set_code_line_breakpoints(file, specs)
 
     def set_instruction_breakpoints(self, specs: Iterable[InstructionSpec]) -> list[Breakpoint]:
         """Replace the instruction breakpoints."""

@@ -25,7 +25,7 @@ from checkpoint import recording
 from checkpoint.tiers import DiskTier, HostTier
 from checkpoint.timeline import Timeline
 from checkpoint.trace import TraceReader, TraceWriter
-from hardware.drivers import open_driver, trace_driver
+from hardware.drivers import open_driver, open_kernel, trace_driver
 from hardware.errors import RewindError
 from hardware.events import (ExceptionDetails, Nondeterminism, Output, ProgressAfter, RecordingStarted,
                              SessionEvent)
@@ -46,6 +46,7 @@ from provenance.fixes import forget_sources
 from provenance.forensics import Forensics
 from provenance.writelog import WriteRecord
 
+KERNEL_ENTRY = "kernel"  # a kernel file's entry: kernel() -> (jit_function, grid, args, kwargs), docs/kernels.md
 # Sessions launched and not closed yet (a Session dropped unclosed leaves when collected).
 _OPEN: "weakref.WeakSet[Session]" = weakref.WeakSet()
 
@@ -104,7 +105,9 @@ class Session:
         driver = None
         if options.breakpoint_mode not in MODES:
             raise RewindError(bad_mode(options.breakpoint_mode) + " (the launch's breakpoint mode)")
-        if not options.trace:  # what can fail on the user's side fails before the loaded program is let go
+        if not options.trace and options.entry == KERNEL_ENTRY and program is None:  # a Triton kernel's launch
+            program, driver = open_kernel(options.program, options.driver)
+        elif not options.trace:  # what can fail on the user's side fails before the loaded program is let go
             program = program or load_program(options.program, options.entry, options.steps, options.driver,
                                               note=lambda text: self.on_event(Output(text + "\n")))
             driver = open_driver(options.driver, options.driver_options())
@@ -243,7 +246,9 @@ class Session:
         return self.breakpoints.data
 
     def set_line_breakpoints(self, file: str, specs: Iterable[LineSpec]) -> list[Breakpoint]:
-        """Replace the breakpoints of `file`."""
+        """Replace the breakpoints of `file` (of a kernel's file: on its operations, in the instruction cursor)."""
+        if self.instructions.has_code_lines(file):
+            return self.instructions.set_code_line_breakpoints(file, specs)
         return self.breakpoints.set_line(file, specs)
 
     def set_function_breakpoints(self, specs: Iterable[FunctionSpec]) -> list[Breakpoint]:

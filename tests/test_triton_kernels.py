@@ -1,0 +1,165 @@
+"""The triton driver in process: planted kernels localized to their lines by forensics, their fixed twins clean,
+the race and bounds checks firing only on their planted kernels, fixes validated over the coverage suite, a
+wrapper refused, and stepping back through a launch bit-exact against a fresh run."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hardware.drivers.triton import open_kernel
+from hardware.drivers.triton.commands import forensics, validate
+from hardware.session import LaunchOptions, LineSpec, Session
+from hardware.ticks import Direction
+
+# Triton is the kernels extra; the driver imports it (after choosing its interpreter), never this module.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="the kernels extra (triton)")
+
+KERNELS = Path(__file__).resolve().parent / "models" / "kernels"
+
+
+def line_of(file: str, text: str) -> int:
+    return next(i for i, line in enumerate((KERNELS / file).read_text().splitlines(), 1) if text in line)
+
+
+PLANTED = [  # file, the pattern forensics names first, the line it names
+    ("softmax_padded.py", "padding counted", "other=0.0"),
+    ("matmul_tail.py", "tail dropped", "a = tl.load"),
+    ("layernorm_stride.py", "stride off by one", "row * (stride - 1)"),
+    ("sum_race.py", "race", "total = tl.load"),
+    ("scale_oob.py", "out of bounds", "x = tl.load"),
+    ("softmax_wrapper.py", "wrapper-assisted", "done = torch.softmax"),
+]
+FIXED = ["softmax_fixed.py", "matmul_fixed.py", "layernorm_fixed.py", "sum_atomic.py", "scale_fixed.py"]
+
+
+@pytest.mark.parametrize("file,kind,text", PLANTED)
+def test_a_planted_kernel_is_localized_to_its_line(file, kind, text):
+    report = forensics(str(KERNELS / file))
+    assert not report.clean
+    assert report.patterns[0].kind == kind
+    assert report.line == line_of(file, text)
+
+
+@pytest.mark.parametrize("file", FIXED)
+def test_a_fixed_twin_matches_its_reference_and_no_check_fires(file):
+    report = forensics(str(KERNELS / file))
+    assert report.checked and report.clean, report.to_dict()
+
+
+def test_the_race_check_names_both_programs_and_stays_quiet_with_atomics():
+    _, racing = open_kernel(KERNELS / "sum_race.py")
+    races = [f for f in racing.record.log.findings if f.kind == "race"]
+    assert races and races[0].other[0] != races[0].unit
+    assert "program (0, 0, 0)" in races[0].message and "program (1, 0, 0)" in races[0].message
+    _, atomic = open_kernel(KERNELS / "sum_atomic.py")
+    assert [f for f in atomic.record.log.findings if f.kind == "race"] == []
+
+
+def test_the_bounds_check_fires_on_the_unmasked_load_only():
+    _, planted = open_kernel(KERNELS / "scale_oob.py")
+    found = [f for f in planted.record.log.findings if f.kind == "out of bounds"]
+    assert [(f.unit, f.line) for f in found] == [(4, line_of("scale_oob.py", "x = tl.load"))]
+    assert "28 lane(s)" in found[0].message
+    _, fixed = open_kernel(KERNELS / "scale_fixed.py")
+    assert fixed.record.log.findings == []
+
+
+def test_the_wrong_stores_are_the_programs_after_the_first_row():
+    report = forensics(str(KERNELS / "layernorm_stride.py"))
+    assert report.first["program"] == "program (1, 0, 0)" and report.first["elements"][0] == 24
+    assert report.wrong["out_ptr"]["count"] == 5 * 24
+
+
+@pytest.mark.parametrize("fixed,planted", [("softmax_fixed.py", "softmax_padded.py"),
+                                           ("matmul_fixed.py", "matmul_tail.py")])
+def test_a_fix_is_validated_over_the_coverage_suite_where_the_original_fails(fixed, planted):
+    report = validate(str(KERNELS / fixed), str(KERNELS / planted))
+    assert report["verdict"] == "validated", report
+    assert report["casesRun"] > 10 and report["originalFails"] > 0
+    assert any(case["sizes"] for case in report["cases"]) and any(case["scale"] != 1 for case in report["cases"])
+
+
+def test_a_planted_kernel_offered_as_a_fix_is_rejected():
+    report = validate(str(KERNELS / "softmax_padded.py"), str(KERNELS / "softmax_padded.py"))
+    assert report["verdict"] == "rejected"
+
+
+def test_a_wrapper_that_computes_the_answer_outside_the_kernel_is_refused():
+    report = validate(str(KERNELS / "softmax_wrapper.py"), str(KERNELS / "softmax_padded.py"))
+    assert report["verdict"] == "refused" and "_softmax" in report["reason"]
+
+
+def _tensors(driver) -> list[bytes]:
+    return [t.tensor.view(-1).numpy().tobytes() for t in driver.memory.tensors]
+
+
+def test_stepping_back_through_a_launch_is_bit_exact_against_a_fresh_run():
+    file = str(KERNELS / "layernorm_fixed.py")
+    session = Session()
+    session.launch(LaunchOptions(program=file, entry="kernel", stop_on_entry=True))
+    session.motion.start()
+    forward = []
+    for _ in range(120):  # across program boundaries: a program runs about 50 operations
+        session.motion.step(Direction.FORWARD, "instruction")
+        state = session.instructions.cursor.chip()
+        forward.append((state.step, _tensors(session.timeline.driver)))
+    for step, seen in reversed(forward[:-1]):
+        session.motion.step(Direction.REVERSE, "instruction")
+        state = session.instructions.cursor.chip()
+        assert state.step == step and _tensors(session.timeline.driver) == seen
+    session.close()
+    program, fresh = open_kernel(file)  # `out` starts as torch.empty left it: compare what the launch wrote
+    node = program.nodes[0]
+    args = tuple(program.initial[r.name] for r in node.args)
+    out = next(i for i, t in enumerate(fresh.memory.tensors) if t.param == "out_ptr")
+    for step, seen in forward[::17]:
+        fresh.chip_at(node, args, {}, step)
+        stored = np.zeros(fresh.memory.tensors[out].tensor.numel(), bool)
+        for acc in fresh.record.log.accesses:
+            if acc.kind == "store" and acc.step < step:
+                stored[acc.elements] = True
+        now = _tensors(fresh)
+        assert now[:out] == seen[:out]
+        want = np.frombuffer(seen[out], np.float32)[stored]
+        assert np.frombuffer(now[out], np.float32)[stored].tobytes() == want.tobytes()
+    assert stored.sum() >= 2 * 24  # the steps compared reach into the third program: two rows stored
+
+
+def test_a_kernel_line_breakpoint_stops_each_program_there_with_a_condition_on_its_values():
+    file = str(KERNELS / "softmax_fixed.py")
+    session = Session()
+    session.launch(LaunchOptions(program=file, entry="kernel", stop_on_entry=True))
+    session.motion.start()
+    line = line_of("softmax_fixed.py", "num = tl.exp")
+    [bp] = session.set_line_breakpoints(file, [LineSpec(line)])
+    assert bp.verified and bp.line == line
+    units = []
+    for _ in range(4):
+        stop = session.motion.run(Direction.FORWARD)
+        assert stop.reason == "breakpoint"
+        units.append(stop.unit)
+        frame = session.frames(unit=stop.unit)[0]
+        assert frame.line == line and frame.file == file
+    assert units == [1, 2, 3, 4]
+    assert session.motion.run(Direction.REVERSE).unit == 3  # reverse-continue, across programs
+    [bp] = session.set_line_breakpoints(file, [LineSpec(line, condition="row == 2")])
+    session.motion.restart()
+    stop = session.motion.run(Direction.FORWARD)
+    assert stop.reason == "breakpoint" and stop.unit == 3
+    [missing] = session.set_line_breakpoints(file, [LineSpec(line_of("softmax_fixed.py", "def kernel(") + 3)])
+    assert not missing.verified and "no operation of the kernel" in missing.message
+    session.close()
+
+
+def test_a_kernel_runs_interpreted_when_triton_was_imported_compiled_first():
+    import subprocess
+    import sys
+    code = ("import os; os.environ.pop('TRITON_INTERPRET', None); import triton.language\n"
+            "from hardware.drivers.triton.commands import forensics\n"
+            f"print(forensics({str(KERNELS / 'softmax_padded.py')!r}).headline())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    assert "line 14 (padding counted)" in done.stdout
