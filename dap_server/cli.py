@@ -53,6 +53,22 @@ class _ValidateFunction:
     run = staticmethod(lambda args: _compare_cli().run_validate(args))
 
 
+class _RepairFunction:
+    """`rewind repair --function NAME CANDIDATE --against REF --fix FILE`: the repair loop on a candidate function,
+    each fix validated by the coverage suite (provenance/candidates/cli.py)."""
+
+    __doc__ = "repair a candidate function: each fix file validated on the coverage suite against the reference"
+    add_arguments = staticmethod(lambda parser: _compare_cli().add_repair_arguments(parser))
+    run = staticmethod(lambda args: _compare_cli().run_repair(args))
+
+
+def _tool(name: str, load: Callable[[], ModuleType], argv: list[str]):
+    """The chosen tool's module; with --function, validate and repair work on a candidate function."""
+    if "--function" in argv and name in ("validate", "repair"):
+        return {"validate": _ValidateFunction, "repair": _RepairFunction}[name]
+    return load()
+
+
 def _kernel_command(argv: list[str]) -> bool:
     """forensics, validate or repair with --entry kernel: a Triton kernel file (docs/kernels.md)."""
     return bool(argv) and argv[0] in ("forensics", "validate", "repair") and (
@@ -110,10 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, (summary, load, cached) in TOOLS.items():
         tool = commands.add_parser(name, help=summary)
         if name == chosen:  # only the chosen tool is imported (and so parses its arguments)
-            module = _ValidateFunction if name == "validate" and "--function" in argv else load()
+            module = _tool(name, load, argv)
             tool.description = module.__doc__.splitlines()[0]
             module.add_arguments(tool)
-            if cached:
+            if cached and not isinstance(module, type):  # a candidate function is exported afresh
                 tool.add_argument("--no-cache", action="store_true", help=NO_CACHE_HELP)
             tool.set_defaults(run=module.run)
     add_cache_command(commands)

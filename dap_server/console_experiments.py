@@ -41,6 +41,9 @@ class ExperimentCommands:
                     "the repair loop, as rewind repair: validate fixes and record the ones that hold"),
             Command(("suggest",), self.cmd_suggest, "suggest [--limit N]",
                     "the knowledge base's candidate fixes for this pass's findings"),
+            Command(("compare-with",), self.cmd_compare_with, "compare-with CANDIDATE --against REF [--function NAME] "
+                    "[--inputs FILE:FN] [--validate]", "a candidate model or function against a trusted one, down "
+                    "to the line where they part (--validate: on the coverage suite), as rewind compare"),
         ]
 
     def _request(self, command: str, arguments: dict | None = None, timeout: float = RUN_S) -> dict:
@@ -103,6 +106,14 @@ class ExperimentCommands:
             "timeLimit": a.time_limit, "seeds": a.seeds, "scales": list(a.scales), "shapes": a.shapes,
             **({"knowledge": a.knowledge} if a.knowledge else {})}, timeout=a.time_limit + REPAIR_MARGIN_S)
         return Result(_repair_cli().render(body), body)
+
+    def cmd_compare_with(self, args: str) -> Result:
+        a = _COMPARE.parse(args)
+        fields = {"candidate": _client_path(a.candidate), "against": _client_path(a.against),
+                  **({"function": a.function} if a.function else {}),
+                  **({"inputs": _client_path(a.inputs)} if a.inputs else {})}
+        body = self._request("validateCandidate" if a.validate else "compareCandidate", fields)
+        return Result((_candidates().render_validation if a.validate else _candidates().render)(body), body)
 
     def cmd_suggest(self, args: str) -> Result:
         a = _SUGGEST.parse(args)
@@ -231,6 +242,26 @@ def _suggest_arguments(parser: argparse.ArgumentParser) -> None:
 _SUGGEST = _Arguments("suggest", _suggest_arguments)
 
 
+def _compare_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("candidate")
+    parser.add_argument("--against", required=True)
+    parser.add_argument("--function")
+    parser.add_argument("--inputs")
+    parser.add_argument("--validate", action="store_true")
+
+
+_COMPARE = _Arguments("compare-with", _compare_arguments)
+_SIDE_FILE = re.compile(r"^(?P<file>.+?\.py)(?P<rest>[@:].*)?$")
+
+
+def _client_path(side: str) -> str:
+    """A side as the console's folder names it, made absolute for the server (a driver stays as it is)."""
+    found = _SIDE_FILE.match(side)
+    if side.startswith(("torch:", "sim")) or found is None:
+        return side
+    return str(Path(found["file"]).resolve()) + (found["rest"] or "")
+
+
 # -- reports ----------------------------------------------------------------------------------------------
 
 # provenance's words for what the server sends back, imported when first shown: provenance runs models, so it imports
@@ -245,6 +276,11 @@ def _original() -> str:
 def _repair_cli() -> ModuleType:
     from provenance import repair_cli  # deferred: provenance imports torch (see above)
     return repair_cli
+
+
+def _candidates() -> ModuleType:
+    from provenance.candidates import report  # deferred, as the others (this one imports no torch)
+    return report
 
 
 def describe_finding(finding: dict) -> str:

@@ -15,8 +15,8 @@ import asyncio
 import logging
 from typing import Any, Callable
 
-from dap_server import (addresses, attach, breakpoints, custom, evaluate, experiments, forensics,  # noqa: F401
-                        frames, instructions, lifecycle, memory, numerics, reference_memory, repair, sources,
+from dap_server import (addresses, attach, breakpoints, compare, custom, evaluate, experiments,  # noqa: F401
+                        forensics, frames, instructions, lifecycle, memory, numerics, reference_memory, repair, sources,
                         stepping, traces, variables)  # importing a module registers its requests
 from dap_server.adapter import Adapter
 from dap_server.failures import describe_failure

@@ -122,6 +122,22 @@ class AnalysisCommands:
                          nodes=list(nodes) or None, search=search, dtype=dtype, maxTrials=max_trials)
         return Answer(describe_ablation(body), body)
 
+    def compare_with(self, reference: str, *, candidate: str | None = None, function: str | None = None,
+                     inputs: str | None = None, validate: bool = False) -> Answer:
+        """This session's model file (or `candidate`, or its `function`) against a trusted implementation, down to
+        the first line that departs from what the reference implies (docs/compare.md): `reference` is model.py,
+        model.py@HEAD~1, ref.py:function or a driver such as torch:cpu:float64. validate=True runs the function
+        on the coverage suite instead."""
+        from dap_server import compare as comparing  # deferred: only this method needs the candidates' code
+        from provenance.candidates.report import render as render_comparison, render_validation
+
+        given = checks.path_text("candidate", candidate) if candidate is not None else self.session.options.program
+        fields = {"candidate": given, "against": checks.path_text("reference", reference), "function": function,
+                  "inputs": inputs}
+        handler = comparing.validate_candidate if checks.flag("validate", validate) else comparing.compare_candidate
+        body = self._ask(handler, comparing.CompareCandidateArguments, **fields)
+        return Answer((render_validation if validate else render_comparison)(body), body)
+
     def _against(self, reference: str | None):
         """The session itself, or a view of it whose forensics use `reference` (built once per reference)."""
         if reference is None:

@@ -35,7 +35,10 @@ FUNCTIONS = {  # candidate file -> (function, reference function, the planted li
     "blocked_attention.py": ("blocked_attention", "sdpa_attention", "acc = acc + p @ vb"),
     "tail_block.py": ("tail_attention", "sdpa_attention", "for start in range(0, k.shape[0] - BLOCK + 1, BLOCK)"),
     "layer_norm.py": ("layer_norm", "layer_norm", "mean = x.mean(dim=0, keepdim=True)"),
+    "off_by_one.py": ("offset_attention", "sdpa_attention", "kb, vb = k[start:start + BLOCK - 1]"),
 }
+PATTERNS = {"blocked_attention.py": "accumulator-not-rescaled", "tail_block.py": "tail-block-dropped",
+            "layer_norm.py": "wrong-reduction-axis", "off_by_one.py": "block-index-off-by-one"}
 MODELS = {  # candidate file -> (original, the planted line's text)
     "attention_refactor.py": ("attention_model.py", "q = self.k_proj(x)"),
     "norm_port.py": ("norm_model.py", "normed = x * torch.rsqrt(power + self.eps)"),
@@ -111,3 +114,16 @@ def test_wrapper_of_the_reference_operator_is_refused_with_the_call_named(capsys
 def test_the_same_program_on_another_driver_goes_through_the_reference(capsys):
     code, report = compare_json(capsys, str(HERE / "norm_model.py"), "--against", "torch:cpu:float64")
     assert code == 0 and report["reference"] == "torch:cpu:float64" and report["verdict"] == "clean"
+
+
+@pytest.mark.parametrize("file", sorted(PATTERNS))
+def test_each_planted_kernel_matches_its_knowledge_base_pattern(capsys, file):
+    function, against, _ = FUNCTIONS[file]
+    code, report = compare_json(capsys, str(HERE / file), "--function", function, "--against", f"{REF}:{against}")
+    assert report["pattern"]["pattern"] == PATTERNS[file] and report["pattern"]["fix"]
+
+
+def test_a_model_refactor_matches_no_kernel_pattern(capsys):
+    code, report = compare_json(capsys, str(HERE / "attention_refactor.py"), "--against",
+                                str(HERE / "attention_model.py"))
+    assert report["pattern"] is None and report["patternReason"]

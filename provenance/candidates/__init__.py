@@ -1,1 +1,2 @@
-"""Candidates compared with a trusted implementation: `rewind compare`, `rewind validate --function` (docs/compare.md)."""
+"""Candidates compared with a trusted implementation: `rewind compare`, `rewind validate --function`
+(docs/compare.md)."""

@@ -14,8 +14,9 @@ import warnings
 
 from hardware.errors import RewindError
 from hardware.jsonable import json_safe
-from provenance.candidates.comparison import Request, Sides, compare_sides, render
+from provenance.candidates.comparison import Request, Sides, compare_sides
 from provenance.candidates.coverage import validate
+from provenance.candidates.report import render, render_repair, render_validation
 from provenance.candidates.wrappers import wrapper_call
 
 EXIT_CLEAN, EXIT_PROBLEM, EXIT_ERROR = 0, 1, 2
@@ -49,6 +50,39 @@ def run_validate(args: argparse.Namespace) -> int:
     return _report("validate", lambda: validate_function(request(args)), args.json, render_validation)
 
 
+def add_repair_arguments(parser: argparse.ArgumentParser) -> None:
+    add_arguments(parser)
+    parser.add_argument("--fix", action="append", required=True, metavar="FILE",
+                        help="a fixed copy of the candidate's file defining the same function (repeatable)")
+
+
+def run_repair(args: argparse.Namespace) -> int:
+    if not args.function:
+        print("rewind repair: --against repairs a function: give --function NAME", file=sys.stderr)
+        return EXIT_ERROR
+    return _report("repair", lambda: repair_function(request(args), args.fix), args.json, render_repair)
+
+
+def repair_function(req: Request, fixes: list[str]) -> dict:
+    """The repair loop on a candidate: where it departs (and the kernel pattern it matches), then each fix file
+    validated on the coverage suite; the first that validates is the repair."""
+    found = compare_sides(req)
+    if found["verdict"] == "refused":
+        return {**found, "fixes": [], "repair": None}
+    tried = []
+    for fix in fixes:
+        try:
+            result = validate_function(Request(fix, req.against, req.function, req.inputs, req.driver))
+        except RewindError as exc:
+            result = {"verdict": "rejected", "reason": str(exc), "cases": [], "failed": None}
+        tried.append({"fix": fix, "verdict": result["verdict"], "reason": result["reason"],
+                      "cases": len(result["cases"]), "failed": result.get("failed")})
+    repair = next((t["fix"] for t in tried if t["verdict"] == "validated"), None)
+    return {"candidate": found["candidate"], "reference": found["reference"], "headline": found["headline"],
+            "pattern": found.get("pattern"), "departure": found.get("departure"), "fixes": tried, "repair": repair,
+            "verdict": "clean" if found["verdict"] == "clean" else "repaired" if repair else "not repaired"}
+
+
 def validate_function(req: Request) -> dict:
     """The candidate function on the coverage suite, refused first if it wraps the reference's operator."""
     with Sides(req) as sides:
@@ -73,16 +107,7 @@ def _report(command: str, make, as_json: bool, text) -> int:
         print(f"rewind {command}: {exc}", file=sys.stderr)
         return EXIT_ERROR
     print(json.dumps(json_safe(report), indent=2, allow_nan=False) if as_json else text(report))
-    return EXIT_CLEAN if report["verdict"] in ("clean", "validated") else EXIT_PROBLEM
-
-
-def render_validation(report: dict) -> str:
-    lines = [f"Rewind validate: {report['candidate']} against {report['reference']}", ""]
-    for case in report["cases"]:
-        mark = "pass" if case["passed"] else "FAIL"
-        error = f" (error {case['error']:.3g} x tolerance)" if "error" in case and case["passed"] else ""
-        lines.append(f"  {mark}  {case['case']}{error}" + ("" if case["passed"] else f": {case['reason']}"))
-    return "\n".join(lines + ["", f"Verdict: {report['verdict']}: {report['reason']}"])
+    return EXIT_CLEAN if report["verdict"] in ("clean", "validated", "repaired") else EXIT_PROBLEM
 
 
 def main(argv: list[str] | None = None) -> int:

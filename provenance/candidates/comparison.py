@@ -17,6 +17,7 @@ import torch
 
 from hardware.errors import RewindError
 from hardware.program import Program
+from provenance.candidates.kernel_patterns import classify
 from provenance.candidates.localize import (Departure, by_dependence, by_names, by_prefix, line_of, spans,
                                             where_wrong)
 from provenance.candidates.passes import BUDGET, Pass, judge, truth
@@ -189,13 +190,16 @@ def _verdict(side: Loaded, program: Program, departure: Departure | None, output
     text = _line_text(program, departure.file, departure.line)
     where = f"line {departure.line} of {side.display(departure.file)}"
     claim = ("the loop stops before the tail of its input" if departure.how == "tail" else
+             "a block slice starts away from where the previous ended" if departure.how == "gap" else
              f"{departure.value if departure.value.startswith('the ') else repr(departure.value)} is the first value "
              "that departs from what the reference implies")
     headline = f"{where} (`{text}`): {claim}; {summary}"
 
+    pattern = classify(departure)
     return {"verdict": "departs", "headline": headline, "departure": departure.to_dict(),
             "source": {"file": side.display(departure.file), "line": departure.line, "text": text},
-            "wrongSummary": summary}
+            "wrongSummary": summary, "pattern": pattern.to_dict() if pattern else None,
+            "patternReason": None if pattern else "the departure matches none of the kernel patterns"}
 
 
 def _wrong_summary(output: dict) -> str:
@@ -214,20 +218,3 @@ def _line_text(program: Program, file: str, line: int) -> str:
         text = Path(file).read_text()
     lines = (text or "").splitlines()
     return lines[line - 1].strip() if 0 < line <= len(lines) else ""
-
-
-def render(report: dict) -> str:
-    lines = [f"Rewind compare: {report['candidate']} against {report['reference']}", ""]
-    if report["verdict"] == "refused":
-        return "\n".join(lines + [f"Refused: {report['reason']}"])
-    for o in report["outputs"]:
-        c = o["comparison"]
-        state = "within tolerance" if o["within"] else f"{c['mismatches']} element(s) beyond tolerance"
-        lines.append(f"Output '{o['value']}': {state} (max abs {c['maxAbs']:.3g}, error {c['error']:.3g} x tolerance)")
-    lines.append("")
-    if report["verdict"] == "clean":
-        return "\n".join(lines + [f"Verdict: clean: {report['reason']}"])
-    lines.append(f"Headline: {report['headline']}")
-    if report.get("departure"):
-        lines += [f"  - {e}" for e in report["departure"]["evidence"]]
-    return "\n".join(lines + ["", "Verdict: departs"])

@@ -93,7 +93,8 @@ def by_names(candidate: Pass, reference: Program, exact: Callable[[str], torch.T
         where = where_wrong(judged.wrong)
         return Departure(line, file, what, "names", [
             f"{_quoted(what)} has {where['count']} of {where['of']} elements beyond tolerance of the reference's "
-            f"{what.removeprefix('the ')} (error {judged.comparison.error:.3g} x tolerance); every value before it agrees"])
+            f"{what.removeprefix('the ')} (error {judged.comparison.error:.3g} x tolerance); every value before it "
+            "agrees"])
     return None
 
 
@@ -131,6 +132,9 @@ def by_prefix(candidate: Pass, export_reference: Export, args: tuple, wrong: tor
     loop = find_loop(program)
     if loop is None or len(program.outputs) != 1:
         return None
+    gap = _gap(candidate, loop)
+    if gap is not None:
+        return gap
     carried = _carried(program, loop)
     if carried is None:
         return None
@@ -148,6 +152,27 @@ def by_prefix(candidate: Pass, export_reference: Export, args: tuple, wrong: tor
         if not judged.comparison.within:
             return _departing_iteration(candidate, loop, carried, j, given, implied, judged, wrong, covered, slack)
     return _dropped_tail(candidate, loop, covered)
+
+
+def _gap(candidate: Pass, loop: Loop) -> Departure | None:
+    """The first block read that does not start where the previous one of the same input ended (a gap or an
+    overlap: an off-by-one in a block index), named at its slicing line."""
+    program = candidate.program
+    reached: dict[tuple[str, int], int] = {}
+    for j, reads in enumerate(loop.reads):
+        for r in reads:
+            key = (r.input, r.dim)
+            expected = reached.get(key, 0)
+            if r.start != expected and not (r.start == r.end == program.values[r.input].shape[r.dim]):
+                file, line = line_of(program, program.nodes[r.node].outputs[0])
+                what = "skips" if r.start > expected else "reads again"
+                span = f"[{min(r.start, expected)}:{max(r.start, expected)}]"
+                return Departure(line, file, f"{candidate.label(r.input)}[{r.start}:{r.end}]", "gap", [
+                    f"iteration {j} reads '{candidate.label(r.input)}'[{r.start}:{r.end}] along dim {r.dim} where the "
+                    f"blocks before it ended at {expected}: it {what} '{candidate.label(r.input)}'{span} (an "
+                    "off-by-one in a block index)"], j)
+            reached[key] = max(expected, r.end)
+    return None
 
 
 def _carried(program: Program, loop: Loop) -> dict[str, str] | None:
@@ -288,9 +313,10 @@ def by_dependence(candidate: Pass, reference: Program, export_candidate: Export,
             if leaks and spread is not None:
                 file, line = line_of(program, spread)
                 return Departure(line, file, _name_of(program, spread), "dependence", [
-                    f"changing '{candidate.label(name)}' at index {index} along dim {dim} changes only the matching slice of the "
-                    f"reference's output, but the candidate's '{_name_of(program, spread)}' changes beyond that "
-                    "slice: it mixes what the reference keeps apart (a reduction over the wrong axis?)"])
+                    f"changing '{candidate.label(name)}' at index {index} along dim {dim} changes only the "
+                    f"matching slice of the reference's output, but the candidate's '{_name_of(program, spread)}' "
+                    "changes beyond that slice: it mixes what the reference keeps apart (a reduction over the "
+                    "wrong axis?)"])
     return None
 
 

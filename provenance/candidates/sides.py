@@ -131,7 +131,7 @@ def loaded(spec: SideSpec, function: str | None) -> Iterator[Loaded]:
             if function is not None:
                 fn = _function(module, function, spec)
                 example = _own_inputs(module, spec)
-                yield Loaded(spec, lambda args: _export_function(fn, args, function), example, fn, file)
+                yield Loaded(spec, lambda args: _export_function(fn, args, function, spec, file), example, fn, file)
             else:
                 model, inputs = _model(module, spec.name or "build", file)
                 yield Loaded(spec, lambda args: _export_model(model, args, file.stem), inputs, None, file)
@@ -157,7 +157,8 @@ def _own_inputs(module: Any, spec: SideSpec) -> Inputs | None:
     except RewindError:
         raise
     except Exception as exc:
-        raise RewindError(f"calling inputs() in {spec.label} failed: {raised_in_user_code(exc, str(spec.file))}") from None
+        said = raised_in_user_code(exc, str(spec.file))
+        raise RewindError(f"calling inputs() in {spec.label} failed: {said}") from None
 
 
 def inputs_from(text: str) -> Inputs:
@@ -208,16 +209,34 @@ class Called(torch.nn.Module):
         return self.fn(*args)
 
 
-def _export_function(fn: Callable, args: Inputs, name: str) -> Program:
+def _export_function(fn: Callable, args: Inputs, name: str, spec: SideSpec, file: Path) -> Program:
     if isinstance(args, dict):
         raise RewindError("a function is called with positional arguments: its inputs() returns a tuple")
-    with _user_code(f"calling {name}"):
-        program = export_program(Called(fn), args, name)
+    try:
+        with _user_code(f"calling {name}"):
+            program = export_program(Called(fn), args, name)
+    except ProgramLoadError as exc:
+        cause = exc.__cause__
+        said = raised_in_user_code(_innermost(cause), file) if cause is not None else str(exc)
+        raise RewindError(f"calling {name}() of {spec.label.split(':')[0]} with the arguments "
+                          f"{_typed(args)} failed: {said}") from None
     mine = os.path.realpath(__file__)
     nodes = [replace(n, frames=tuple(f for f in n.frames if os.path.realpath(f.loc.file) != mine))
              for n in program.nodes]
     return replace(program, nodes=nodes, source_files={p: t for p, t in program.source_files.items()
                                                         if os.path.realpath(p) != mine})
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    """The exception the user's code raised, under what torch.export wrapped it in."""
+    while exc.__cause__ is not None and exc.__cause__ is not exc:
+        exc = exc.__cause__
+    return exc
+
+
+def _typed(args: tuple) -> str:
+    return "(" + ", ".join(f"{str(a.dtype).removeprefix('torch.')}{list(a.shape)}" if isinstance(a, torch.Tensor)
+                           else echo(repr(a), 40) for a in args) + ")"
 
 
 def _export_model(model: torch.nn.Module, args: Inputs, name: str) -> Program:
@@ -226,18 +245,19 @@ def _export_model(model: torch.nn.Module, args: Inputs, name: str) -> Program:
 
 
 def _anchor(module: Any) -> None:
-    """Every function and method defined in the user's file keeps its frame in a node's stack (torch.export keeps
-    only `forward` frames otherwise), so a helper's line is the node's line."""
+    """Every function and method of the user's files (the one imported and those beside it that it imports from)
+    keeps its frame in a node's stack (torch.export keeps only `forward` frames otherwise), so a helper's line is
+    the node's line."""
     register = getattr(torch.fx.proxy, "_register_stack_trace_anchor", None)
     if register is None:
         return
+    folder = os.path.dirname(os.path.realpath(module.__file__))
     for value in vars(module).values():
-        if inspect.isfunction(value) and value.__module__ == module.__name__:
-            register(value)
-        elif inspect.isclass(value) and value.__module__ == module.__name__:
-            for member in vars(value).values():
-                if inspect.isfunction(member):
-                    register(member)
+        members = vars(value).values() if inspect.isclass(value) else [value]
+        for member in members:
+            code = getattr(member, "__code__", None) if inspect.isfunction(member) else None
+            if code is not None and os.path.dirname(os.path.realpath(code.co_filename)) == folder:
+                register(member)
 
 
 @contextmanager
