@@ -163,3 +163,27 @@ def test_a_kernel_runs_interpreted_when_triton_was_imported_compiled_first():
                           cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stderr
     assert "line 14 (padding counted)" in done.stdout
+
+
+def test_a_data_breakpoint_on_an_element_stops_after_the_store_that_writes_it_in_both_directions():
+    file = str(KERNELS / "layernorm_fixed.py")
+    session = Session()
+    session.launch(LaunchOptions(program=file, entry="kernel", stop_on_entry=True))
+    session.motion.start()
+    from hardware.session import DataSpec
+    [bp, whole] = session.set_data_breakpoints([DataSpec("out_ptr[25]"), DataSpec("out_ptr", hit_condition="3")])
+    assert bp.verified and whole.verified
+    stop = session.motion.run(Direction.FORWARD)
+    assert stop.reason == "data breakpoint" and stop.breakpoint_ids == [bp.id]
+    assert stop.unit == 2 and "program (1, 0, 0) writes out_ptr[25]" in stop.description
+    written = stop.instruction
+    schedule = session.instructions.cursor.schedule(0)
+    store = session.timeline.driver.disassemble(0, 2)[int(schedule.pcs[written - 1])]
+    assert store.text.startswith("store") and store.line == line_of("layernorm_fixed.py", "tl.store(out_ptr")
+    stop = session.motion.run(Direction.FORWARD)
+    assert stop.breakpoint_ids == [whole.id] and stop.unit == 3  # the third store into out_ptr: program (2, 0, 0)
+    back = session.motion.run(Direction.REVERSE)
+    assert back.breakpoint_ids == [bp.id] and back.instruction == written
+    [gone] = session.set_data_breakpoints([DataSpec("nothing_here")])
+    assert not gone.verified
+    session.close()

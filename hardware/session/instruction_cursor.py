@@ -50,6 +50,12 @@ class CodeLineBreakpoint(Breakpoint):
     at: frozenset = frozenset()  # (unit, pc) of the instructions at the line, and the first of each run of them
 
 
+@dataclass
+class ElementBreakpoint(Breakpoint):
+    """A data breakpoint on a tensor of the chip's own code, or one element of it (`out_ptr[37]`), on a chip that
+    records which step writes each element (a kernel's): it holds right after each such write."""
+
+
 @dataclass(frozen=True)
 class InstructionSpec:
     """A breakpoint before a unit executes the instruction at a code address (from disassemble)."""
@@ -73,6 +79,7 @@ class InstructionCursor:
                                                          if isinstance(bp, InstructionBreakpoint)]
         self.code_lines: dict[str, list[CodeLineBreakpoint]] = {}
         self._lines: dict[str, dict[int, set[tuple[int, int]]]] = {}
+        self.element_bps: list[ElementBreakpoint] = []
         for bp in self.breakpoints:
             bp.verified, bp.message = True, None
             self.table.validate(bp)
@@ -186,7 +193,7 @@ class InstructionCursor:
         of the node at `tick` (hi None: up to and including its end). Sets the cursor when found."""
         if not 0 <= tick < self.tl.end or self.tl.node_at(tick) is None:
             return None
-        if not self.breakpoints and not self._code_line_bps() and not (CHIP_FILTERS & self.exceptions.filters):
+        if not (self.breakpoints or self._code_line_bps() or self.element_bps or CHIP_FILTERS & self.exceptions.filters):
             return None
         sched = self.schedule(tick)
         hi = self._last(sched) + 1 if hi is None else hi
@@ -252,6 +259,10 @@ class InstructionCursor:
                 out[found.step + 1] = lambda found=found: self._exception(
                     tick, node, found.filter, found.message, found.detail | {"unit": self.tl.unit_name(found.unit)},
                     node.outputs[0], 1, found.unit)
+        for k, bps in self._element_hits(node.index).items():
+            out[k] = lambda k=k, bps=bps: Stop("data breakpoint", tick, ", ".join(
+                f"data breakpoint {bp.id}: {self.tl.unit_name(int(sched.units[k - 1]))} writes {what}"
+                for bp, what in bps), [bp.id for bp, _ in bps], unit=int(sched.units[k - 1]))
         for k, bps in self._code_line_hits(tick, sched).items():
             out[k] = lambda k=k, bps=bps: Stop("breakpoint", tick, ", ".join(
                 f"breakpoint {bp.id} at {Path(bp.file).name}:{bp.line}" for bp in bps), [bp.id for bp in bps],
@@ -310,6 +321,35 @@ class InstructionCursor:
             if (unit, pc - 1) not in lines[bp.line]:
                 starts.add((unit, pc))
         bp.at = frozenset(starts)
+
+    # -- data breakpoints on a chip's elements ---------------------------------------------------------------
+    def watches(self, value: str) -> bool:
+        """Does the chip record the writes of `value` element by element (a kernel's tensor, `out_ptr[3]`)?"""
+        writes = getattr(self.driver, "element_writes", None)
+        return writes is not None and any(writes(n.index, value) is not None for n in self.tl.program.nodes)
+
+    def set_element_breakpoints(self, specs: Iterable) -> list[Breakpoint]:
+        """Replace the element data breakpoints (DataSpecs whose value `watches` says the chip records)."""
+        out = []
+        for spec in specs:
+            bp = ElementBreakpoint(self.table.next_id(), "data", spec.value, spec.condition, spec.hit_condition)
+            self.table.validate(bp)
+            if bp.condition:
+                bp.verified, bp.message = False, "a data breakpoint on a kernel's elements takes a hit condition only"
+            out.append(bp)
+        self.element_bps = out
+        return out
+
+    def _element_hits(self, node: int) -> dict[int, list[tuple[ElementBreakpoint, str]]]:
+        """Positions right after a step that writes a watched element, by the breakpoints whose hit it is."""
+        hits: dict[int, list[tuple[ElementBreakpoint, str]]] = {}
+        for bp in self.element_bps:
+            if not bp.verified:
+                continue
+            for count, (step, what) in enumerate(self.driver.element_writes(node, bp.spec) or (), 1):
+                if bp.accepts_hits(count):
+                    hits.setdefault(step + 1, []).append((bp, what))
+        return hits
 
     def _code_line_bps(self) -> list[CodeLineBreakpoint]:
         return [bp for bps in self.code_lines.values() for bp in bps if bp.verified and bp.log_message is None]

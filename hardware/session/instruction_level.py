@@ -61,6 +61,13 @@ class InstructionLevel:
     def set_code_line_breakpoints(self, file: str, specs: Iterable) -> list[Breakpoint]:
         return self._cursor().set_code_line_breakpoints(file, specs)
 
+    def watches(self, value: str) -> bool:
+        """Does the chip record the writes of `value` element by element (a kernel's tensor)?"""
+        return self.cursor is not None and self.cursor.watches(value)
+
+    def set_element_breakpoints(self, specs: Iterable) -> list[Breakpoint]:
+        return self._cursor().set_element_breakpoints(specs)
+
     def set_instruction_breakpoints(self, specs: Iterable[InstructionSpec]) -> list[Breakpoint]:
         """Replace the instruction breakpoints."""
         return self._cursor().set_breakpoints(specs)

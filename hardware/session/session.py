@@ -256,8 +256,16 @@ class Session:
         return self.breakpoints.set_function(specs)
 
     def set_data_breakpoints(self, specs: Iterable[DataSpec]) -> list[Breakpoint]:
-        """Replace the data breakpoints (on the writes of a value)."""
-        return self.breakpoints.set_data(specs)
+        """Replace the data breakpoints (on the writes of a value; of a kernel's tensor or element: `out_ptr[3]`)."""
+        specs = list(specs)
+        if self.instructions.cursor is None:
+            return self.breakpoints.set_data(specs)
+        chip = [s for s in specs if self.instructions.watches(s.value)]
+        rest = [s for s in specs if s not in chip]
+        made = iter(self.instructions.set_element_breakpoints(chip) + self.breakpoints.set_data(rest))
+        found = {id(s): next(made) for s in chip}
+        found |= {id(s): next(made) for s in rest}
+        return [found[id(s)] for s in specs]
 
     @property
     def exception_filters(self) -> set[str]:

@@ -78,3 +78,20 @@ def test_the_race_and_access_checks_stop_on_planted_kernels_only(schema, file, f
         assert f"line {line_of(file, text)}" in info["description"]
     finally:
         debugger.close()
+
+
+def test_a_data_breakpoint_on_a_kernel_element_names_the_program_that_wrote_it(schema):
+    file = "layernorm_fixed.py"
+    debugger = start(schema, file)
+    try:
+        info = debugger.request("dataBreakpointInfo", {"name": "out_ptr"})
+        assert info["dataId"] == "out_ptr"
+        [bp] = debugger.request("setDataBreakpoints", {"breakpoints": [{"dataId": "out_ptr[30]"}]})["breakpoints"]
+        assert bp["verified"]
+        stop = debugger.motion("continue", {"threadId": 1})
+        assert stop["reason"] == "data breakpoint" and stop["threadId"] == 3  # program (1, 0, 0): row 1
+        assert "program (1, 0, 0) writes out_ptr[30]" in stop["description"]
+        frame = debugger.request("stackTrace", {"threadId": 3})["stackFrames"][0]
+        assert frame["name"].startswith("program (1, 0, 0): halted")  # the store was its last operation
+    finally:
+        debugger.close()

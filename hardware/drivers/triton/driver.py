@@ -225,6 +225,25 @@ class TritonDriver(TensorBytes, Driver, InstructionDriver):
         after = param + AFTER
         return after if self.program is not None and after in self.program.values else param
 
+    def element_writes(self, node: int, watched: str) -> list[tuple[int, str]] | None:
+        """The steps whose stores or atomics write `watched` (a tensor by parameter or value name, or one element of
+        it: `out_ptr[37]`, a flat index), with what each wrote there; None when it names no tensor of the launch."""
+        name, _, index = watched.partition("[")
+        param = name.strip().removesuffix(AFTER)
+        if param not in {t.param for t in self.memory.tensors}:
+            return None
+        element = int(index.rstrip("] ")) if index else None
+        t = self._index(param)
+        out = []
+        for acc in self.record.log.accesses if self.record else ():
+            if acc.tensor != t or acc.kind == "load":
+                continue
+            hit = np.flatnonzero(acc.elements == element) if element is not None else np.arange(min(1, len(acc.elements)))
+            if len(hit):
+                e = int(acc.elements[hit[0]])
+                out.append((acc.step, f"{param}[{e}] = {acc.values[hit[0]]!r}"))
+        return out
+
     def code_address(self, unit: int, pc: int) -> int:
         return CODE_BASE + (unit << UNIT_SHIFT) + 4 * pc
 

@@ -63,8 +63,16 @@ class Edit:
 
 @dataclass
 class Operation:
-    text: str
+    said: str | tuple  # the text, or (builder op, result shape) made into one when asked (most are never shown)
     line: int
+
+    @property
+    def text(self) -> str:
+        if isinstance(self.said, tuple):
+            name, shape = self.said
+            op = name[len("create_"):] if name.startswith("create_") else name
+            self.said = f"{op} {list(shape)}" if len(shape) and int(np.prod(shape)) > 1 else op
+        return self.said
 
 
 @dataclass
@@ -185,43 +193,52 @@ class ProgramRun:
         threading.Thread(target=self._program, args=(unit,), daemon=True,
                          name=f"rewind {self.launch.program_name(unit)}").start()
 
-    def _program(self, unit: int) -> None:
-        self.launch.bind_thread(unit)
-        try:
-            self.launch.run_program(unit, self._args)
-        except _Stopped:
-            return
-        except _ScheduleBroken as exc:
-            self.error = f"the recorded interleaving cannot be replayed: {exc}"
-        except DriverError as exc:
-            self.error = str(exc)
-        except Exception as exc:  # the user's kernel raised: the run ends, naming the program and line
-            self.error = self.launch.describe_failure(unit, exc)
-        self.finished[unit] = True
-        self.pending.pop(unit, None)
-        self.frames.pop(unit, None)
-        if not self.closed:
-            self._pass_on()
+    def _program(self, unit: int | None) -> None:
+        """A program thread: it runs its program, then the next one not started yet (no thread started, no handoff,
+        for each program of the default order)."""
+        while unit is not None:
+            self.launch.bind_thread(unit)
+            try:
+                self.launch.run_program(unit, self._args)
+            except _Stopped:
+                return
+            except _ScheduleBroken as exc:
+                self.error = f"the recorded interleaving cannot be replayed: {exc}"
+            except DriverError as exc:
+                self.error = str(exc)
+            except Exception as exc:  # the user's kernel raised: the run ends, naming the program and line
+                self.error = self.launch.describe_failure(unit, exc)
+            self.finished[unit] = True
+            self.pending.pop(unit, None)
+            self.frames.pop(unit, None)
+            if self.closed:
+                return
+            unit = self._pass_on()
 
-    def _pass_on(self) -> None:
-        """A program finished: the next one takes the baton, or the run is over (or has reached `until`)."""
+    def _pass_on(self) -> int | None:
+        """A program finished: the next one takes the baton (returned when it has not started: the finished one's
+        thread runs it), or the run is over (or has reached `until`)."""
         if self.error:
             self.done = True
             self._main.release()
-            return
+            return None
         try:
             unit = self._pick(self.steps)
         except _ScheduleBroken as exc:
             self.error, self.done = f"the recorded interleaving cannot be replayed: {exc}", True
             self._main.release()
-            return
+            return None
         if unit is None:
             self.done = True
             self._main.release()
         elif self.until is not None and self.steps >= self.until:
             self._main.release()
+        elif not self.started[unit]:
+            self.started[unit] = True
+            return unit
         else:
-            self._give(unit)
+            self._wake[unit].release()
+        return None
 
     def _enter(self, unit: int, op: str, frame: Any) -> int:
         """Wait for `unit`'s turn to run `op`; the step it runs."""
@@ -266,7 +283,7 @@ class ProgramRun:
         self._record(unit, text, line)
         return result
 
-    def _record(self, unit: int, text: str, line: int) -> None:
+    def _record(self, unit: int, text: str | tuple, line: int) -> None:
         log = self.log
         ops = log.ops.setdefault(unit, [])
         if self.pc[unit] >= len(ops):
@@ -378,13 +395,13 @@ def _compute(run: ProgramRun, step, unit, line, name, original, args, kwargs):
     return result, _op_text(name, result)
 
 
-def _op_text(name: str, result: Any) -> str:
-    op = name[len("create_"):] if name.startswith("create_") else name
+def _op_text(name: str, result: Any) -> tuple:
     data = getattr(result, "data", None)
+    if data is None:
+        data = getattr(getattr(result, "handle", None), "data", None)
     if data is None and isinstance(result, tuple) and result and hasattr(result[0], "handle"):
         data = result[0].handle.data
-    shape = np.shape(data) if data is not None else ()
-    return f"{op} {list(shape)}" if len(shape) and np.size(data) > 1 else op
+    return name, (np.shape(data) if data is not None else ())
 
 
 # Where each memory builder op takes its pointers, the mask and `other` (a load) or the value (a store).
