@@ -125,3 +125,17 @@ def test_validate_a_function_against_a_driver(capsys):
     err = refused(capsys, "validate", "--function", "layer_norm", str(HERE / "layer_norm_fixed.py"),
                   "--against", "torch:cpu:float64")
     assert "validate compares a function with a reference function" in err
+
+
+def test_models_built_with_other_weights(capsys, tmp_path):
+    reseeded = tmp_path / "reseeded.py"
+    reseeded.write_text((HERE / "norm_model.py").read_text().replace("torch.manual_seed(0)", "torch.manual_seed(1)"))
+    err = refused(capsys, "compare", str(reseeded), "--against", str(HERE / "norm_model.py"))
+    assert "reseeded.py builds different weights for 'up.weight' than norm_model.py: seed both the same way" in err
+
+
+def test_models_built_with_inputs_of_other_shapes(capsys, tmp_path):
+    wider = tmp_path / "wider.py"
+    wider.write_text((HERE / "norm_model.py").read_text().replace("torch.randn(4, 16)", "torch.randn(5, 16)"))
+    err = refused(capsys, "compare", str(wider), "--against", str(HERE / "norm_model.py"))
+    assert "wider.py builds inputs of shapes [[5, 16]] where norm_model.py builds [[4, 16]]" in err

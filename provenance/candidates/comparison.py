@@ -101,6 +101,8 @@ def _against_implementation(sides: Sides) -> dict:
         if refused:
             return {**report, "verdict": "refused", "reason": refused, "headline": refused, "outputs": []}
     _same_outputs(sides, candidate_program, reference_program)
+    if not sides.function:
+        _same_models(sides, candidate_program, reference_program)
     candidate = Pass(candidate_program, sides.request.driver)
     if sides.candidate.function is not None:
         inputs = [n for n, v in candidate_program.values.items() if v.kind == "input"]
@@ -165,6 +167,25 @@ def _same_outputs(sides: Sides, mine: Program, theirs: Program) -> None:
         if (p.shape, p.dtype) != (q.shape, q.dtype):
             raise RewindError(f"output {i} is {p.dtype}{list(p.shape)} in {sides.candidate_spec.label} but "
                               f"{q.dtype}{list(q.shape)} in {sides.reference_spec.label}")
+
+
+def _same_models(sides: Sides, mine: Program, theirs: Program) -> None:
+    """Two model files are compared on the reference's inputs: the candidate's own must have their shapes, and
+    weights both build under one name and shape must be the same (else every value departs for that alone)."""
+    own, given = sides.candidate.example, sides.args
+    if isinstance(own, tuple) and isinstance(given, tuple):
+        shapes = [tuple(t.shape) for t in own if isinstance(t, torch.Tensor)]
+        wanted = [tuple(t.shape) for t in given if isinstance(t, torch.Tensor)]
+        if shapes != wanted:
+            raise RewindError(f"{sides.candidate_spec.label} builds inputs of shapes {[list(s) for s in shapes]} where "
+                              f"{sides.reference_spec.label} builds {[list(s) for s in wanted]}: both are called with "
+                              "the reference's")
+    weights = {v.target: theirs.initial[n] for n, v in theirs.values.items() if v.kind == "parameter"}
+    for name, info in mine.values.items():
+        other = weights.get(info.target) if info.kind == "parameter" else None
+        if other is not None and tuple(other.shape) == info.shape and not torch.equal(mine.initial[name], other):
+            raise RewindError(f"{sides.candidate_spec.label} builds different weights for '{info.target}' than "
+                              f"{sides.reference_spec.label}: seed both the same way")
 
 
 def _judged_outputs(candidate: Pass, at_dtype: Pass, exact, reference: Program) -> tuple[list[dict], list]:
