@@ -3,7 +3,7 @@ every operation a step, every access recorded, the checks made) against the plai
 launch, side by side in one run; and step-back latency inside the launch (p50, p95).
 
 Usage:
-    python benchmarks/triton.py [--rows 256] [--cols 1000] [--repeats 3] [--samples 40]
+    python benchmarks/kernels.py [--rows 256] [--cols 1000] [--repeats 3] [--samples 40]
 """
 
 from __future__ import annotations
@@ -17,9 +17,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-HERE = Path(__file__).resolve().parent
-# This file is named triton.py: its own folder leaves the path, so `import triton` is the package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(ROOT))
 
 from hardware.drivers.triton import KernelLaunch, TritonDriver  # noqa: E402
