@@ -119,6 +119,8 @@ class SetInstructionBreakpointsArguments(Arguments):
 def set_instruction_breakpoints(adapter: "RequestContext", args: SetInstructionBreakpointsArguments) -> dict:
     """Stop before a unit executes the instruction at an address; one bad breakpoint is `verified: false`."""
     adapter.require_launched()
+    if not args.breakpoints and not adapter.session.physical_memory:
+        return {"breakpoints": []}  # VS Code clears them at every launch: a chip that runs nodes has none to clear
     bps = adapter.session.set_instruction_breakpoints(
         [InstructionSpec(b.instructionReference, b.offset or 0, b.condition, b.hitCondition) for b in args.breakpoints])
     out = []

@@ -146,6 +146,10 @@ def test_instruction_requests_on_the_torch_driver_say_why_they_cannot_work(chip)
     relaunch(chip, [], stopOnEntry=True, driver="torch:cpu")
     with pytest.raises(DapError, match="runs nodes, not instruction streams"):
         chip.request("disassemble", {"memoryReference": "0x10000000000", "instructionCount": 4})
+    with pytest.raises(DapError, match="runs nodes, not instruction streams"):
+        chip.request("setInstructionBreakpoints", {"breakpoints": [{"instructionReference": "0x10000000000"}]})
+    # VS Code clears instruction breakpoints at every launch: none to clear is no error (it was a toast on torch)
+    assert chip.request("setInstructionBreakpoints", {"breakpoints": []}) == {"breakpoints": []}
     with pytest.raises(DapError, match="does not name a value"):
         chip.request("readMemory", {"memoryReference": "0x80000000", "count": 4})
 
