@@ -10,7 +10,7 @@ MODEL` the same two ways. Each round empties the cache first; the rounds take th
 figure is the median of its rounds. The cache lives in a temporary folder for the run ($REWIND_CACHE_DIR), so the
 model's folder is left as it was. Also measured: the console client's own imports (`python -X importtime -c "import
 dap_server.cli"`), which must not include torch, and whether the second runs loaded the entry the first wrote.
-Targets: a second debug launch <= 4 s, a second forensics run <= 6 s.
+Targets: a second debug launch <= 4 s and <= 1.5x `import torch`, a second forensics run <= 6 s.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from hardware.frontends.cache_folder import CACHE_DIR_ENV, NO_CACHE_ENV, CacheFo
 
 REWIND = [sys.executable, "-c", "import sys; from dap_server.cli import main; sys.exit(main())"]
 TARGETS = {"debug": 4.0, "forensics": 6.0}  # seconds, for the second run
+LAUNCH_RATIO = 1.5  # a second debug launch to its first stop, against import torch (issue 33)
 
 
 def timed_run(command: list[str], env: dict) -> float:
@@ -106,7 +107,10 @@ def table(model: str, times: dict[str, list[float]], notes: list[str], imports: 
         ratio = f"{seconds / floor:.2f}x"
         if which == "second":
             target = TARGETS[tool]
-            ratio += f" (target <= {target:g} s: {'met' if seconds <= target else 'MISSED'})"
+            ratio += f" (target <= {target:g} s: {'met' if seconds <= target else 'MISSED'}"
+            if tool == "debug":  # issue 33's, by ratio: the floor measured in the same run
+                ratio += f"; <= {LAUNCH_RATIO:g}x import torch: {'met' if seconds <= LAUNCH_RATIO * floor else 'MISSED'}"
+            ratio += ")"
         what = "to its first stop and out" if tool == "debug" else "the whole report"
         cache = "the cache empty: the export" if which == "first" else "the program cache filled by the first"
         rows.append((f"`rewind {tool} {model}`, {what}, {which} ({cache})", seconds, ratio))

@@ -36,7 +36,6 @@ import torch
 from torch.export import ExportedProgram
 from torch.export._tree_utils import reorder_kwargs
 from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.utils import _pytree as pytree
 
 from hardware.errors import ProgramLoadError, echo, os_reason, raised_in_user_code
@@ -650,6 +649,8 @@ def _causes(exc: BaseException) -> Iterator[BaseException]:
 
 
 def _data_dependent(exc: BaseException) -> bool:
+    # Imported here: symbolic_shapes imports sympy (about half a second), which a cached launch never needs.
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
     return any(isinstance(e, GuardOnDataDependentSymNode) for e in _causes(exc))
 
 
