@@ -106,6 +106,8 @@ class ExceptionDetails:
         where = f" at {self.source}" if self.source else ""
         if self.filter in ("race", "hang", "access", "loss-spike", "replicas"):  # a chip's, a training run's, ranks'
             return self.evidence["message"]
+        if self.filter == "divergence" and "message" in self.evidence:  # a chip's own (a kernel's, at its store)
+            return self.evidence["message"]
         if self.filter == "divergence":
             return (f"'{self.value}' diverges from the reference at {self.count} element(s): "
                     f"{self.op} ('{self.node}'){where} introduced the error")

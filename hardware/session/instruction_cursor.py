@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from hardware.program import Node
 
 FORWARD = Direction.FORWARD
-CHIP_FILTERS = {"race", "hang", "access"}  # exception filters answered from a node's recorded Schedule
+CHIP_FILTERS = {"race", "hang", "access", "divergence"}  # filters a node's recorded Schedule may answer (a kernel's
+# divergence from its reference is found by its driver, at the store that went wrong)
 Targets = Callable[[NodeSchedule | None], np.ndarray]  # positions k of a node a motion may stop at
 
 
@@ -485,9 +486,11 @@ class InstructionCursor:
         state = next(u for u in self.chip().units() if u.unit == unit)
         name = tl.unit_name(unit)
         what = f"{name}: {state.status}" if state.pc is None else f"{name} pc {state.pc}: {state.detail}"
-        info = next((i for i in self.driver.disassemble(node.index, unit) if i.pc == state.pc), None)
+        infos = self.driver.disassemble(node.index, unit)
+        info = next((i for i in infos if i.pc == state.pc), None)
         top = node_frames[0]
-        file, line = (info.file, info.line) if info is not None and info.line is not None else (top.file, top.line)
+        at = info or (infos[-1] if infos and state.pc is None else None)  # a halted unit: at its last line
+        file, line = (at.file, at.line) if at is not None and at.line is not None else (top.file, top.line)
         return [FrameInfo(top.id, f"{what} — {top.name}", file, line, top.module_path,
                           instruction_pointer=info.address if info else None)] + node_frames[1:]
 

@@ -93,5 +93,33 @@ def test_a_data_breakpoint_on_a_kernel_element_names_the_program_that_wrote_it(s
         assert "program (1, 0, 0) writes out_ptr[30]" in stop["description"]
         frame = debugger.request("stackTrace", {"threadId": 3})["stackFrames"][0]
         assert frame["name"].startswith("program (1, 0, 0): halted")  # the store was its last operation
+        assert frame["line"] == line_of(file, "tl.store(out_ptr")  # a finished program stays at its last line
+    finally:
+        debugger.close()
+
+
+@pytest.mark.parametrize("file,text,pattern", [
+    ("softmax_padded.py", "other=0.0", "padding counted"), ("matmul_tail.py", "a = tl.load", "tail dropped"),
+    ("layernorm_stride.py", "row * (stride - 1)", "stride off by one"),
+])
+def test_the_divergence_filter_stops_a_planted_kernel_at_its_first_wrong_store_naming_the_line(schema, file, text,
+                                                                                                pattern):
+    debugger = start(schema, file, filters=["divergence"])
+    try:
+        stop = debugger.motion("continue", {"threadId": 1})
+        assert stop["reason"] == "exception" and stop["threadId"] > 1
+        info = debugger.request("exceptionInfo", {"threadId": stop["threadId"]})
+        assert f"the problem is at line {line_of(file, text)} ({pattern})" in info["description"]
+        assert info["details"]["evidence"]["line"] == line_of(file, text)
+        frame = debugger.request("stackTrace", {"threadId": stop["threadId"]})["stackFrames"][0]
+        assert frame["source"]["path"] == str(KERNELS / file)
+    finally:
+        debugger.close()
+
+
+def test_the_divergence_filter_stays_quiet_on_a_fixed_kernel(schema):
+    debugger = start(schema, "matmul_fixed.py", filters=["divergence"])
+    try:
+        assert debugger.motion("continue", {"threadId": 1})["reason"] == "end"
     finally:
         debugger.close()

@@ -11,7 +11,7 @@ left them there, and replays the Schedule from it; the run is checked against th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -61,8 +61,10 @@ class TritonDriver(TensorBytes, Driver, InstructionDriver):
         self.program: Program | None = None
         self._side: ProgramRun | None = None
         self._fresh = False  # the memory holds the end of the record's run, from these inputs
+        self._placed: dict[str, torch.Tensor] | None = None  # the input tensors `start` was taken from
         self.steps_run = 0  # every interpreted step, replays included
         self.reference_ops: set[str] = set()  # the torch ops the file's reference() computed with (forensics.py)
+        self.on_record: Callable[[Record], None] | None = None  # told of each new record (program.py's forensics)
 
     # -- the chip ---------------------------------------------------------------------------------------
     def describe(self) -> Chip:
@@ -85,6 +87,8 @@ class TritonDriver(TensorBytes, Driver, InstructionDriver):
         self.record = _record(run, self.launch.programs, edits)
         self.end = self.memory.snapshot()  # the tensors as the launch left them
         self._fresh = True
+        if self.on_record is not None:
+            self.on_record(self.record)
         return self.record
 
     def tensor_at_end(self, param: str) -> torch.Tensor:
@@ -109,15 +113,24 @@ class TritonDriver(TensorBytes, Driver, InstructionDriver):
         same = all(torch.equal(self.memory.tensors[self._index(n)].tensor, t) for n, t in inputs.items()) \
             if self._fresh else False
         if not same or self.pending is not None or self.record is None:
-            for name, tensor in inputs.items():
-                self._place(name, tensor)
-            self.start = self.memory.snapshot()
+            self._start_from(inputs)
             if self.record is None or self.pending is not None:
                 self.first_run()
             else:
                 self._replay(None)
         self._fresh = False
         return [self.memory.tensors[self._index(self._param_of(name))].tensor.clone() for name in node.outputs]
+
+    def _start_from(self, inputs: dict[str, torch.Tensor]) -> None:
+        """The launch's start is these inputs (placed again only when they are other tensors than last time: a
+        replay restores the start itself)."""
+        if self._placed is not None and self._placed.keys() == inputs.keys() and all(
+                self._placed[n] is t for n, t in inputs.items()):
+            return
+        for name, tensor in inputs.items():
+            self._place(name, tensor)
+        self.start = self.memory.snapshot()
+        self._placed = dict(inputs)
 
     def _place(self, name: str, tensor: torch.Tensor) -> None:
         own = self.memory.tensors[self._index(name)].tensor
@@ -195,9 +208,7 @@ class TritonDriver(TensorBytes, Driver, InstructionDriver):
         side = self._side
         if side is None or side.steps > step or side.done or side.closed:
             self._close_side()
-            for name, tensor in _bound(node, args, kwargs).items():
-                self._place(name, tensor)
-            self.start = self.memory.snapshot()
+            self._start_from(_bound(node, args, kwargs))
             self._fresh = False
             side = self._side = self._replay(step)
         else:

@@ -19,6 +19,7 @@ import torch
 from hardware.drivers.triton.driver import TritonDriver
 from hardware.drivers.triton.launch import OpsSeen
 from hardware.errors import RewindError, raised_in_user_code
+from hardware.instructions import StepFinding
 
 RTOL, ATOL = 1e-4, 1e-5  # float32 kernels against a float64 reference
 SHOWN = 8
@@ -120,6 +121,23 @@ def investigate(driver: TritonDriver) -> KernelReport:
     return report
 
 
+def divergence(driver: TritonDriver) -> StepFinding | None:
+    """The launch against its reference as a finding of the `divergence` exception filter, at the first store that
+    left an output element wrong: the report's headline and its first pattern, at its line."""
+    if driver.launch.reference() is None:
+        return None
+    report = investigate(driver)
+    first = report.first
+    if first is None:
+        return None
+    said = f": {report.patterns[0].message}" if report.patterns else ""
+    message = (f"{report.headline()}{said}; the first wrong store is {first['program']}'s at line {first['line']}, "
+               f"into {first['tensor']} {first['elements']}")
+    detail = {"kind": "kernel against its reference", "line": report.line, "wrong": report.wrong, "first": first,
+              "patterns": [p.to_dict() for p in report.patterns]}
+    return StepFinding("divergence", first["step"], first["unit"], message, detail)
+
+
 def _wrong(have: torch.Tensor, want: torch.Tensor) -> dict | None:
     have64, want64 = have.double().reshape(-1), want.double().reshape(-1)
     err = (have64 - want64).abs()
@@ -150,7 +168,7 @@ def _first_wrong_store(driver: TritonDriver, expected: dict[str, torch.Tensor], 
         v = acc.values.astype(np.float64)
         bad = ~(np.abs(v - w) <= ATOL + RTOL * np.abs(w)) & (last[acc.tensor][acc.elements] == acc.step)
         if bad.any():
-            return {"program": driver.launch.program_name(acc.unit), "line": acc.line, "step": acc.step,
+            return {"program": driver.launch.program_name(acc.unit), "unit": acc.unit, "line": acc.line, "step": acc.step,
                     "tensor": names[acc.tensor], "elements": [int(e) for e in acc.elements[bad][:SHOWN]]}
     return None
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from hardware.drivers.triton.driver import AFTER, TritonDriver
+from hardware.drivers.triton.forensics import divergence
 from hardware.drivers.triton.launch import KernelLaunch
 from hardware.program import Frame, Node, Program, Ref, SourceLoc, ValueInfo
 
@@ -20,8 +21,16 @@ def open_kernel(path: str | os.PathLike) -> tuple[Program, TritonDriver]:
     """The Program of a kernel file's launch and the driver that has run it once (which says what it writes)."""
     launch = KernelLaunch.from_file(path)
     driver = TritonDriver(launch)
+    driver.on_record = lambda record: _against_reference(driver, record)
     driver.first_run()
     return kernel_program(launch, driver.written()), driver
+
+
+def _against_reference(driver: TritonDriver, record) -> None:
+    """A run's comparison with the file's reference(), as the divergence filter's finding in its Schedule."""
+    found = divergence(driver)
+    if found is not None:
+        record.schedule.findings.append(found)
 
 
 def kernel_program(launch: KernelLaunch, written: list[str]) -> Program:
