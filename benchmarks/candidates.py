@@ -16,7 +16,7 @@ import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# The repository, not this folder, first: benchmarks/triton.py would otherwise be the `triton` torch imports.
+# The repository, not this folder, first: a script here named as a package torch imports would shadow it.
 sys.path[0] = str(ROOT)
 
 from provenance.candidates.cli import validate_function  # noqa: E402

@@ -41,7 +41,7 @@ def test_a_fix_passes_every_case_of_the_suite(capsys, file, function, against):
 def test_the_blocked_kernel_is_sized_at_its_block_and_around_it(capsys):
     code, report = validate(capsys, "tail_block_fixed.py", "tail_attention", "sdpa_attention")
     assert code == 0, report["reason"]
-    sizes = [name for name in cases(report) if name.startswith("size ") and "input 2 dim 0" in name]
+    sizes = [name for name in cases(report) if name.startswith("size ") and "k dim 0" in name]
     assert [s.split()[1] for s in sizes] == ["1", "16", "17", "40"]  # 1, the block, the block + 1, a tail
 
 
@@ -50,8 +50,8 @@ def test_the_dropped_tail_fails_the_sizes_that_are_not_a_multiple_of_the_block(c
     by_name = cases(report)
     assert code == 1 and report["verdict"] == "rejected"
     failed = {n for n, c in by_name.items() if not c["passed"]}
-    assert {"size 17 for input 2 dim 0, input 3 dim 0", "size 40 for input 2 dim 0, input 3 dim 0"} <= failed
-    assert by_name["size 16 for input 2 dim 0, input 3 dim 0"]["passed"]
+    assert {"size 17 for k dim 0, v dim 0", "size 40 for k dim 0, v dim 0"} <= failed
+    assert by_name["size 16 for k dim 0, v dim 0"]["passed"]
 
 
 def test_the_unrescaled_accumulator_is_rejected_with_each_failing_case(capsys):
@@ -59,7 +59,7 @@ def test_the_unrescaled_accumulator_is_rejected_with_each_failing_case(capsys):
     by_name = cases(report)
     assert code == 1 and report["failed"] > 0
     assert not by_name["example"]["passed"] and "beyond tolerance" in by_name["example"]["reason"]
-    assert by_name["size 16 for input 1 dim 0, input 2 dim 0, input 3 dim 0"]["passed"]  # one block: no rescale
+    assert by_name["size 16 for q dim 0, k dim 0, v dim 0"]["passed"]  # one block: no rescale
 
 
 def test_the_wrong_axis_is_rejected(capsys):

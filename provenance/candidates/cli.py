@@ -13,6 +13,7 @@ import sys
 import warnings
 
 from hardware.errors import RewindError
+from hardware.frontends.torch_export import positional_names
 from hardware.jsonable import json_safe
 from provenance.candidates.comparison import Request, Sides, compare_sides
 from provenance.candidates.coverage import validate
@@ -96,7 +97,8 @@ def validate_function(req: Request) -> dict:
                                sides.candidate.display)
         if refused:
             return {**head, "verdict": "refused", "reason": refused, "cases": []}
-        return {**head, **validate(sides.args, sides.candidate.export, sides.reference.export, req.driver)}
+        names = positional_names(sides.candidate.function)
+        return {**head, **validate(sides.args, sides.candidate.export, sides.reference.export, names, req.driver)}
 
 
 def _report(command: str, make, as_json: bool, text) -> int:

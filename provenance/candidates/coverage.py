@@ -35,11 +35,12 @@ class Case:
     args: tuple
 
 
-def suite(example: tuple, candidate: Program) -> list[Case]:
+def suite(example: tuple, candidate: Program, names: list[str]) -> list[Case]:
+    """`names`: the function's parameters, to say which dimensions a case sizes (`k dim 0`)."""
     cases = [Case("example", example)]
     for dims, sizes in _size_groups(example, candidate):
         for size in sizes:
-            cases.append(Case(f"size {size} for {_dims_text(dims)}", _resized(example, dims, size)))
+            cases.append(Case(f"size {size} for {_dims_text(dims, names)}", _resized(example, dims, size)))
     for dtype in DTYPES:
         cases.append(Case(f"dtype {str(dtype).removeprefix('torch.')}", _floats(example, lambda t: t.to(dtype))))
     for scale in SCALES:
@@ -72,8 +73,8 @@ def _size_groups(example: tuple, candidate: Program) -> list[tuple[list[tuple[in
     return out
 
 
-def _dims_text(dims: list[tuple[int, int]]) -> str:
-    return ", ".join(f"input {k + 1} dim {d}" for k, d in dims)
+def _dims_text(dims: list[tuple[int, int]], names: list[str]) -> str:
+    return ", ".join(f"{names[k] if k < len(names) else f'input {k + 1}'} dim {d}" for k, d in dims)
 
 
 def _resized(example: tuple, dims: list[tuple[int, int]], size: int) -> tuple:
@@ -132,9 +133,27 @@ def _typed(t: torch.Tensor) -> str:
     return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
 
 
-def validate(example: tuple, export_candidate, export_reference, driver: str = "torch:cpu") -> dict:
+def exported_once(export: Callable[[tuple], Program]) -> Callable[[tuple], Program]:
+    """`export`, run once per set of shapes and dtypes: arguments that differ only in their values (a scale, a NaN)
+    run the Program exported for the first of them over the new values."""
+    programs: dict[tuple, Program] = {}
+
+    def program_for(args: tuple) -> Program:
+        key = tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else repr(a) for a in args)
+        if key not in programs:
+            programs[key] = export(args)
+            return programs[key]
+        program = programs[key]
+        inputs = [n for n, v in program.values.items() if v.kind == "input"]
+        return program.with_inputs(dict(zip(inputs, [a for a in args if isinstance(a, torch.Tensor)])))
+
+    return program_for
+
+
+def validate(example: tuple, export_candidate, export_reference, names: list[str], driver: str = "torch:cpu") -> dict:
     started = time.monotonic()
-    cases = suite(example, export_candidate(example))
+    export_candidate, export_reference = exported_once(export_candidate), exported_once(export_reference)
+    cases = suite(example, export_candidate(example), names)
     results = [run_case(c, export_candidate, export_reference, driver) for c in cases]
     failed = [r for r in results if not r["passed"]]
     return {"verdict": "validated" if not failed else "rejected", "cases": results, "failed": len(failed),
