@@ -127,3 +127,13 @@ def test_a_model_refactor_matches_no_kernel_pattern(capsys):
     code, report = compare_json(capsys, str(HERE / "attention_refactor.py"), "--against",
                                 str(HERE / "attention_model.py"))
     assert report["pattern"] is None and report["patternReason"]
+
+
+def test_the_same_program_on_another_driver_names_the_line_where_it_departs(capsys):
+    model = HERE.parent / "precision" / "half_params_overflow.py"
+    code, report = compare_json(capsys, str(model), "--against", "torch:cpu:float64")
+    line = next(i for i, text in enumerate(model.read_text().splitlines(), 1) if "# BUG" in text)
+    assert code == 1 and report["departure"]["how"] == "driver"
+    assert report["source"]["line"] == line and report["departure"]["value"] == "scores"
+    code, text, _ = compare(capsys, str(model), "--against", "torch:cpu:float64")
+    assert f"Headline: line {line} of half_params_overflow.py" in text and "error inf x tolerance" in text

@@ -18,8 +18,8 @@ import torch
 from hardware.errors import RewindError
 from hardware.program import Program
 from provenance.candidates.kernel_patterns import classify
-from provenance.candidates.localize import (Departure, by_dependence, by_names, by_prefix, line_of, spans,
-                                            where_wrong)
+from provenance.candidates.localize import (Departure, by_dependence, by_names, by_prefix, line_of, name_of,
+                                            spans, where_wrong)
 from provenance.candidates.passes import BUDGET, Pass, judge, truth
 from provenance.candidates.sides import Loaded, check_signatures, inputs_from, loaded, parse_side
 from provenance.candidates.wrappers import wrapper_call
@@ -149,8 +149,8 @@ def _against_driver(sides: Sides) -> dict:
             judged = judge(name, candidate.value(name), reference.value(name))
             if not judged.comparison.within and departure is None:
                 file, line = line_of(program, name)
-                departure = Departure(line, file, name, "driver", [
-                    f"'{name}' ({node.op_short}) is the first value beyond tolerance of the pass on "
+                departure = Departure(line, file, name_of(program, name), "driver", [
+                    f"'{name_of(program, name)}' ({node.op_short}) is the first value beyond tolerance of the pass on "
                     f"{sides.reference_spec.driver} (error {judged.comparison.error:.3g} x tolerance)"])
         if departure is not None:
             break

@@ -312,9 +312,9 @@ def by_dependence(candidate: Pass, reference: Program, export_candidate: Export,
             leaks = any(bool((c & ~r).any()) for c, r in zip(cand_changed, ref_changed) if c.shape == r.shape)
             if leaks and spread is not None:
                 file, line = line_of(program, spread)
-                return Departure(line, file, _name_of(program, spread), "dependence", [
+                return Departure(line, file, name_of(program, spread), "dependence", [
                     f"changing '{candidate.label(name)}' at index {index} along dim {dim} changes only the "
-                    f"matching slice of the reference's output, but the candidate's '{_name_of(program, spread)}' "
+                    f"matching slice of the reference's output, but the candidate's '{name_of(program, spread)}' "
                     "changes beyond that slice: it mixes what the reference keeps apart (a reduction over the "
                     "wrong axis?)"])
     return None
@@ -343,7 +343,7 @@ def _confined(changed: torch.Tensor, size: int, index: int) -> bool:
     return False
 
 
-def _name_of(program: Program, value: str) -> str:
+def name_of(program: Program, value: str) -> str:
     for a in assignments(program):
         for name, bound in a.names.items():
             if bound == value:

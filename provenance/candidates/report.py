@@ -11,7 +11,8 @@ def render(report: dict) -> str:
     for o in report["outputs"]:
         c = o["comparison"]
         state = "within tolerance" if o["within"] else f"{c['mismatches']} element(s) beyond tolerance"
-        lines.append(f"Output '{o['value']}': {state} (max abs {c['maxAbs']:.3g}, error {c['error']:.3g} x tolerance)")
+        lines.append(f"Output '{o['value']}': {state} (max abs {_number(c['maxAbs'])}, error {_number(c['error'])} x "
+                     "tolerance)")
     lines.append("")
     if report["verdict"] == "clean":
         return "\n".join(lines + [f"Verdict: clean: {report['reason']}"])
@@ -28,7 +29,7 @@ def render_validation(report: dict) -> str:
     lines = [f"Rewind validate: {report['candidate']} against {report['reference']}", ""]
     for case in report["cases"]:
         mark = "pass" if case["passed"] else "FAIL"
-        error = f" (error {case['error']:.3g} x tolerance)" if "error" in case and case["passed"] else ""
+        error = f" (error {_number(case['error'])} x tolerance)" if "error" in case and case["passed"] else ""
         lines.append(f"  {mark}  {case['case']}{error}" + ("" if case["passed"] else f": {case['reason']}"))
     return "\n".join(lines + ["", f"Verdict: {report['verdict']}: {report['reason']}"])
 
@@ -45,3 +46,8 @@ def render_repair(report: dict) -> str:
     verdict = {"repaired": f"repaired by {report['repair']}", "clean": "the candidate is clean: nothing to repair",
                "not repaired": "no fix validated on the coverage suite"}.get(report["verdict"], report["verdict"])
     return "\n".join(lines + ["", f"Verdict: {verdict}"])
+
+
+def _number(x: float | str) -> str:
+    """A measure as JSON carries it: a number, or 'inf'/'nan' as text."""
+    return f"{x:.3g}" if isinstance(x, (int, float)) else str(x)
