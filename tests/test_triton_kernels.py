@@ -187,3 +187,14 @@ def test_a_data_breakpoint_on_an_element_stops_after_the_store_that_writes_it_in
     [gone] = session.set_data_breakpoints([DataSpec("nothing_here")])
     assert not gone.verified
     session.close()
+
+
+def test_a_read_of_an_element_no_program_writes_is_named_at_its_line():
+    _, planted = open_kernel(KERNELS / "carry_unwritten.py")
+    found = [f for f in planted.record.log.findings if f.kind == "unwritten read"]
+    assert [f.unit for f in found] == [1, 2, 3]
+    assert {f.line for f in found} == {line_of("carry_unwritten.py", "carry = tl.load")}
+    assert found[0].elements == (40,) and "no program of the launch writes" in found[0].message
+    for fixed in FIXED:  # in-place accumulators and outputs read after their own stores stay quiet
+        _, clean = open_kernel(KERNELS / fixed)
+        assert [f for f in clean.record.log.findings if f.kind == "unwritten read"] == []

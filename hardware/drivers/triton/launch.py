@@ -112,6 +112,7 @@ class KernelLaunch:
         self.def_line = self.function.fn.__code__.co_firstlineno
         self._rewritten = self.function.rewrite()
         self._units: dict[int, int] = {}  # thread ident -> unit
+        self._indices: dict[int, tuple[int, int, int]] = {}  # unit -> its grid index
         self.entry_ops: set[str] = set()  # the torch ops kernel() computed with (making the kernel's inputs)
         self.entry_lines: dict[str, int] = {}  # and the line of the file each was first called from
 
@@ -195,7 +196,10 @@ class KernelLaunch:
 
     def select_program(self, unit: int) -> None:
         """The interpreter keeps one grid index: each step sets its program's before it runs."""
-        self.builder.grid_idx = self.program_index(unit)
+        index = self._indices.get(unit)
+        if index is None:
+            index = self._indices[unit] = self.program_index(unit)
+        self.builder.grid_idx = index
 
     def run_program(self, unit: int, args: dict[str, Any]) -> None:
         self.select_program(unit)

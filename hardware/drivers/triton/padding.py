@@ -33,9 +33,9 @@ def lanes(handle: Any) -> np.ndarray:
 
 def propagate(op: str, args: tuple, result: Any) -> None:
     """Mark `result` of builder op `op` from the marks of its arguments."""
+    if not any(of(a) is not None for a in args) or not hasattr(result, "data"):
+        return  # most operations: no argument carries a mark
     inputs = [a for a in args if hasattr(a, "data") and hasattr(a, "attr")]
-    if not hasattr(result, "data") or not any(of(a) is not None for a in inputs):
-        return
     shape = np.shape(result.data)
     if op == "create_select":
         cond, a, b = args[0], args[1], args[2]
