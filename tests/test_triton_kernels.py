@@ -198,3 +198,21 @@ def test_a_read_of_an_element_no_program_writes_is_named_at_its_line():
     for fixed in FIXED:  # in-place accumulators and outputs read after their own stores stay quiet
         _, clean = open_kernel(KERNELS / fixed)
         assert [f for f in clean.record.log.findings if f.kind == "unwritten read"] == []
+
+
+def test_a_single_thread_step_interleaves_a_program_and_the_race_found_follows_the_new_order():
+    session = Session()
+    session.launch(LaunchOptions(program=str(KERNELS / "sum_race.py"), entry="kernel", stop_on_entry=True))
+    session.motion.start()
+    for _ in range(3):
+        session.motion.step(Direction.FORWARD, "instruction")
+    for _ in range(6):  # program (2, 0, 0) alone, while program (0, 0, 0) is half-way
+        stop = session.motion.step(Direction.FORWARD, "instruction", unit=3, single_thread=True)
+    assert stop.unit == 3 and session.instructions.cursor.schedule(0).units[:9].tolist() == [1, 1, 1] + [3] * 6
+    states = {u.unit: u for u in session.unit_states()}
+    assert states[1].pc == 3 and states[3].pc == 6 and states[2].pc == 0
+    session.set_exception_filters(["race"])
+    stop = session.motion.run(Direction.FORWARD)
+    assert stop.reason == "exception" and stop.description.startswith("race on 'total_ptr[0]'")
+    assert "program (2, 0, 0) `store` at line 16" in stop.description  # its store came first now
+    session.close()
