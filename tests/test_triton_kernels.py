@@ -216,3 +216,25 @@ def test_a_single_thread_step_interleaves_a_program_and_the_race_found_follows_t
     assert stop.reason == "exception" and stop.description.startswith("race on 'total_ptr[0]'")
     assert "program (2, 0, 0) `store` at line 16" in stop.description  # its store came first now
     session.close()
+
+
+@pytest.mark.parametrize("text,words", [
+    ("def build():\n    return 1\n", "defines no 'kernel'"),
+    ("def kernel():\n    raise ValueError('no sizes here')\n", "no sizes here (at bad_kernel.py:2)"),
+    ("def kernel():\n    return (print, (1,), ())\n", "must return a @triton.jit function first"),
+    ("import triton\nimport triton.language as tl\n@triton.jit\ndef k(x_ptr):\n    tl.store(x_ptr + 1 // 0, 1.0)\n"
+     "import torch\ndef kernel():\n    return k, (1,), (torch.zeros(2),)\n", "program (0, 0, 0) of k failed"),
+    ("import torch, triton\n@triton.jit\ndef k(x_ptr):\n    pass\ndef kernel():\n    return k, (0,), (torch.zeros(2),)\n",
+     "grid of k must be 1 to 3 positive whole numbers"),
+    ("import torch, triton\nimport triton.language as tl\n@triton.jit\ndef k(x_ptr):\n"
+     "    tl.store(x_ptr + tl.arange(0, 4), tl.sum(tl.load(x_ptr + tl.arange(0, 4)), axis=3))\n"
+     "def kernel():\n    return k, (1,), (torch.zeros(4),)\n", "axis 3 out of bounds for shape ['constexpr[4]'] (at bad_kernel.py:5)"),
+])
+def test_a_kernel_file_that_cannot_run_is_said_in_words(tmp_path, text, words):
+    from hardware.errors import RewindError
+    path = tmp_path / "bad_kernel.py"
+    path.write_text(text)
+    with pytest.raises(RewindError) as caught:
+        open_kernel(path)
+    assert words in str(caught.value)
+    assert "Traceback" not in str(caught.value) and "Error(" not in str(caught.value)

@@ -214,7 +214,14 @@ class KernelLaunch:
         return None
 
     def describe_failure(self, unit: int, exc: BaseException) -> str:
-        return f"{self.program_name(unit)} of {self.name} failed: {raised_in_user_code(exc, self.file)}"
+        """What the program's kernel raised, at the kernel's line (a jit function the kernel called raised `exc`'s
+        cause: the interpreter wraps that with its repr, a Python class name, so the words are the cause's)."""
+        cause = exc
+        while type(cause).__name__ == "InterpreterError" and cause.__cause__ is not None:
+            cause = cause.__cause__
+        where = raised_in_user_code(exc, self.file).rsplit(" (at ", 1)
+        said = (str(cause).strip() or "an error without a message") + (f" (at {where[1]}" if len(where) == 2 else "")
+        return f"{self.program_name(unit)} of {self.name} failed: {said}"
 
     # -- the interpreter, patched for a run -------------------------------------------------------------------
     def patch_language(self) -> Callable[[], None]:

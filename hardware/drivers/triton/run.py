@@ -351,9 +351,11 @@ class ProgramRun:
         t = int(where.tensor[lanes].reshape(-1)[0])
         name = self.memory.tensors[t].param
         elements = where.element[lanes & (where.tensor == t)]
+        source = next((p for p in reversed(self.log.padded_loads) if p[1] == unit), None)
+        origin = f" (the load at line {source[2]} pads with {source[3]:g})" if source else ""
         message = (f"{self.launch.program_name(unit)} stores into {name} at line {line} {len(elements)} element(s) "
-                   f"({_lanes(elements)}) that a masked-off lane's `other` value decided: the padding reaches "
-                   "the output")
+                   f"({_lanes(elements)}) that a masked-off lane's `other` value decided{origin}: the padding "
+                   "reaches the output")
         self._find(Finding("padding reaches output", step, unit, line, name, tuple(int(e) for e in elements[:8]),
                            message))
 
