@@ -1,7 +1,9 @@
 """The `rewind` command: `rewind debug model.py` opens the console on a model; `rewind forensics model.py`
 runs the one-shot numerical forensics (provenance/forensics_cli.py); `rewind repair model.py --fix fix.py`
 runs the repair loop (provenance/repair_cli.py); `rewind validate fixed.py --original model.py` validates an edited
-copy of a model (provenance/validate_cli.py); `rewind cache list|clear` shows or empties the program cache
+copy of a model (provenance/validate_cli.py); `rewind compare CANDIDATE --against REF` compares a candidate with a
+trusted implementation, and `validate`/`repair --function` validate and repair a candidate function
+(provenance/candidates/, docs/compare.md); `rewind cache list|clear` shows or empties the program cache
 (docs/cache.md).
 
 `rewind debug` is a client of the server, which runs the model: this process never imports torch. The other tools

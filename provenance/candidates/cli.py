@@ -1,6 +1,7 @@
 """`rewind compare CANDIDATE --against REFERENCE [--function NAME] [--inputs FILE:FN] [--json]`: a candidate
 model, module or function compared with a trusted one, down to the line where they part; `rewind validate
---function NAME CANDIDATE --against REFERENCE`: the candidate function run on a generated coverage suite.
+--function NAME CANDIDATE --against REFERENCE`: the candidate function run on a generated coverage suite; `rewind
+repair --function NAME CANDIDATE --against REFERENCE --fix FILE`: each fix validated on that suite.
 
 Exit status: 0 when the candidate is clean (validated), 1 when it departs, is refused or fails a case, 2 when a
 file, a function or the options cannot be used."""
