@@ -1,4 +1,4 @@
-"""The program cache (hardware/frontends/program_cache.py, docs/cache.md): a model's second load is its cached
+"""The program cache (hardware/session/program_cache.py, docs/cache.md): a model's second load is its cached
 program, equal to a fresh export; any keyed input changed is another entry, never the stale one; a damaged or
 crafted entry is discarded with a note and the program exported again, and nothing in it runs; `rewind cache`
 lists and clears; the folder keeps to its cap. Each test has its own copy of a small project (a model file, a
@@ -25,7 +25,8 @@ from checkpoint import codec
 from dap_server import cli
 from hardware.errors import RewindError
 from hardware.events import Output
-from hardware.frontends import program_cache, torch_export
+from hardware.frontends import torch_export
+from hardware.session import program_cache
 from hardware.frontends.cache_folder import CACHE_DIR_ENV, CAP_ENV, NO_CACHE_ENV, CacheFolder, sealing_key
 from hardware.session import LaunchOptions, Session
 from tests.conftest import EXAMPLES, MODELS
@@ -312,7 +313,7 @@ def test_a_crafted_entry_is_discarded_with_a_note_and_nothing_in_it_runs(cached,
 def test_a_cached_launch_imports_nothing_of_torch_dynamo(cached):
     """What a cached load saves: an entry is decoded, not torch.export.load-ed (which imports torch._dynamo)."""
     model, _, _ = cached
-    probe = ("import sys, torch\nfrom hardware.frontends import program_cache\n"
+    probe = ("import sys, torch\nfrom hardware.session import program_cache\n"
              f"program_cache.load_program({str(model)!r})\n"
              "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))\n")
     env = {k: v for k, v in os.environ.items() if k != CACHE_DIR_ENV}

@@ -1,7 +1,8 @@
 """Where the program cache keeps its entries, and what is there (docs/cache.md).
 
 An entry is one file, `<model>-<key>.rwprog`: two msgpack objects, what it was made from (a map of text), then the
-Program as checkpoint/codec.py encodes it for trace files (program_cache.py writes and checks it). The folder is `.rewind/programs/` beside the model file (`$REWIND_CACHE_DIR` instead
+Program as checkpoint/codec.py encodes it for trace files (hardware/session/program_cache.py writes and checks
+it). The folder is `.rewind/programs/` beside the model file (`$REWIND_CACHE_DIR` instead
 when set), marked for git and backup tools as a cache. Entries appear whole or not at all (written to a temporary
 and renamed into place), a model's older entries go when its new one is written, and the least recently used go
 once the folder holds more than its cap (`$REWIND_CACHE_MB`, default 256 MiB). Only files named as entries are

@@ -271,7 +271,7 @@ def with_region_lines(ep: ExportedProgram, regions: list[dict[str, dict]]) -> Ex
 
 
 class LoadHooks(Protocol):
-    """What watches and serves the load of a model file under way (program_cache.py's program cache)."""
+    """What watches and serves the load of a model file under way (hardware/session/program_cache.py)."""
 
     def program(self, model: torch.nn.Module, args: tuple, kwargs: dict, name: str) -> Program:
         """Instead of fresh_program() in export_program: its result for these arguments."""

@@ -29,7 +29,7 @@ from hardware.drivers import open_driver, open_kernel, trace_driver
 from hardware.errors import RewindError
 from hardware.events import (ExceptionDetails, Nondeterminism, Output, ProgressAfter, RecordingStarted,
                              SessionEvent)
-from hardware.frontends.program_cache import load_program
+from hardware.session.program_cache import load_program
 from hardware.memory import Placement
 from hardware.program import Node, Program
 from hardware.session.breakpoints import (MODES, Breakpoint, BreakpointTable, DataSpec, FunctionSpec, LineSpec,
