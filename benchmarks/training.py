@@ -15,8 +15,8 @@ measured side by side in one run.
 - Step back: one node back from random ticks of that run, alone and with every live value read after it; p50/p95
   in mean eager node times.
 - Experiment loop: on that run, stopped at its end, the learning rate changed from step `--patch-step` on (the
-  optimizer patch the DAP `addPatch` makes with `fromStep`: the update traced again with the new rate, its changed
-  constants patched in each step from there), the later steps replayed, their losses read, the change undone. Each
+  optimizer patch the DAP `addPatch` makes with `fromStep`: the learning-rate node of each step from there,
+  `lr_step<k>`, writing the new rate), the later steps replayed, their losses read, the change undone. Each
   cycle tries another rate, so nothing is remembered from the cycle before. Against a fresh process training
   `--steps` steps eagerly with the same change (the cheapest rerun), and a fresh process relaunching Rewind with it
   (export, launch, patch, run). The loss curves of the loop, the eager rerun and the relaunch are compared.
@@ -43,6 +43,9 @@ from typing import Callable
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+# Run as a script, its own folder leads the import path, and benchmarks/triton.py would shadow the triton package
+# (torch's optimizers import it): the benchmarks are imported as the package they are.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "benchmarks"]
 sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 
 import train_gpt  # noqa: E402
@@ -314,8 +317,9 @@ def experiment_rows(e: dict, steps: int, from_step: int) -> list[tuple[str, str,
     gap = max(abs(a - b) for a, b in zip(e["curve"], e["eager_curve"]))
     return [
         (f"experiment loop: lr from step {from_step} of {steps}",
-         f"{ms(total)}: make the patch (trace the update again) {ms(make)}, add it + replay {steps - from_step} "
-         f"steps {ms(replay)}, read the loss curve {ms(read)}, undo {ms(undo)}; first cycle {ms(e['first'])}", ""),
+         f"{ms(total)}: make the patch (the lr node of each step from there) {ms(make)}, add it + replay "
+         f"{steps - from_step} steps {ms(replay)}, read the loss curve {ms(read)}, undo {ms(undo)}; first cycle "
+         f"{ms(e['first'])}", ""),
         ("fresh process: eager training with the change", f"{e['eager_s']:.2f} s = **{eager_ratio:.1f}x** the loop",
          f">= 10x: {met(eager_ratio >= 10)}"),
         ("fresh process: Rewind relaunched with the change",

@@ -5,7 +5,8 @@ dozen nodes, each a write the engine checks, logs and retains (551 nodes a step 
 optimizer most of a debuggable step's time. `rewind::adam_update` runs those ops (torch/optim/adam.py's
 `_single_tensor_adam`, line for line, on copies) as one operator, registered with torch's dispatcher so a Program
 or a trace names it like any aten op (`rewind.adam_update.default`): its writes are the new parameter, both moments
-and the step count, each a value one can inspect, patch and compare. SGD's steps with a learning rate that is a value run `rewind::add_scaled` (torch.add with the value as its alpha).
+and the step count, each a value one can inspect, patch and compare. SGD's steps, whose learning rate is a value,
+run `rewind::add_scaled` (torch.add with the value as its alpha).
 Imported for its registration.
 """
 

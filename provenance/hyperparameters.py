@@ -66,8 +66,8 @@ def hyperparameter_patches(program: Program, model: str, entry: str, changes: di
 def _lr_patches(program: Program, lr: Any, first: int) -> list[Patch]:
     """The learning-rate nodes of steps `first` and later, each writing `lr`."""
     if not _number(lr) or lr < 0:
-        raise RewindError(f"the {program.optimizer or 'optimizer'} optimizer's lr must be a finite number (0 or above); "
-                          f"got {echo(repr(lr))}")
+        raise RewindError(f"the {program.optimizer or 'optimizer'} optimizer's lr must be a finite number (0 or "
+                          f"above); got {echo(repr(lr))}")
     nodes = [n for n in program.nodes if n.step == 0 and n.phase == "optimizer" and n.op == LR_OP
              and n.outputs and re.fullmatch(rf"{LR}(_group\d+)?", n.outputs[0])]
     if not nodes:
@@ -75,8 +75,8 @@ def _lr_patches(program: Program, lr: Any, first: int) -> list[Patch]:
                           "launch the model file again")
     patches: list[Patch] = []
     for node in nodes:
-        patches += [AttributePatch.of(program.nodes[i], {"s": float(lr)}) for i in counterparts(program, node.index, first)
-                    if program.nodes[i].args[0] != lr]
+        patches += [AttributePatch.of(program.nodes[i], {"s": float(lr)})
+                    for i in counterparts(program, node.index, first) if program.nodes[i].args[0] != lr]
     if not patches:
         raise RewindError(f"the optimizer already has lr={lr!r} in every step from step {first} on: no node of its "
                           "update changes")

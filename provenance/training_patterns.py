@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from hardware.errors import RewindError
 from hardware.frontends.loss_scaling import FOUND_INF, SCALE
 from hardware.optimizer_ops import ADAM_UPDATE, adam_argument
 from hardware.program import Node
@@ -132,19 +133,31 @@ def _adam_epsilon_underflow(ev: Evidence) -> str | None:
 def _skipped_step(ev: Evidence) -> str | None:
     if ev.kind != "nonfinite" or ev.program is None or ev.recorded is None or FOUND_INF not in ev.program.values:
         return None
-    steps = len(ev.program.step_starts)
-    skipped = [k for k in range(steps) if ev.recorded(_in_step(FOUND_INF, k)).item() > 0]
-    if ev.node.step not in skipped:
+    k, steps = ev.node.step, len(ev.program.step_starts)
+    found = [_read(ev, _in_step(FOUND_INF, j)) for j in range(steps)]  # None: not yet computed where the run stands
+    if found[k] == 0:
         return None
-    k = ev.node.step
-    before = ev.recorded(SCALE if k == 0 else _in_step(f"{SCALE}_updated", k - 1)).item()
-    after = ev.recorded(_in_step(f"{SCALE}_updated", k)).item()
+    before = _read(ev, SCALE if k == 0 else _in_step(f"{SCALE}_updated", k - 1))
     bad = int((~torch.isfinite(ev.output)).sum())
+    if found[k] is None:  # a stop in this step's backward: the scaler's check is still ahead
+        return (f"this backward op writes {bad} NaN/Inf element(s) in {ev.dtype} in step {k}, at GradScaler's scale "
+                f"{before:g}: its check ('{_in_step(FOUND_INF, k)}') finds them, and the scaler skips the step (no "
+                "parameter or optimizer state changes) and lowers its scale")
+    after = _read(ev, _in_step(f"{SCALE}_updated", k))
+    skipped = [j for j, f in enumerate(found) if f]
     listed = "every step" if len(skipped) == steps else \
         f"step{'s' if len(skipped) > 1 else ''} {', '.join(map(str, skipped))} of {steps}"
     return (f"this backward op writes {bad} NaN/Inf element(s) in {ev.dtype} in step {k}, so GradScaler found inf "
             f"gradients ('{_in_step(FOUND_INF, k)}' is 1) and skipped the step: no parameter or optimizer state "
             f"changed, and the scale went from {before:g} to {after:g}. Skipped: {listed}")
+
+
+def _read(ev: Evidence, name: str) -> float | None:
+    """A 0-dim value as the pass wrote it; None where it is not written yet (a stop before it)."""
+    try:
+        return ev.recorded(name).item()
+    except RewindError:
+        return None
 
 
 def _in_step(name: str, k: int) -> str:

@@ -187,9 +187,15 @@ def train_step():
                                                                       r"to step: division by zero \(at model.py:"),
     ("torch.optim.lr_scheduler.LambdaLR(opt, lambda k: float('inf'))", "sets the learning rate of step 0 to inf"),
     ("torch.amp.GradScaler('cpu'), torch.amp.GradScaler('cpu')", "returned two GradScalers"),
+    ("torch.optim.lr_scheduler.OneCycleLR(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), 1.0, "
+     "total_steps=10)", "schedules another optimizer"),
+    ("torch.optim.lr_scheduler.OneCycleLR(opt, 1.0, total_steps=10)",
+     "OneCycleLR changes the optimizer's momentum from step to step, and Rewind follows a schedule of the learning "
+     r"rate only: keep the rest fixed \(OneCycleLR\(..., cycle_momentum=False\)\)"),
 ], ids=["accumulate-0", "accumulate-text", "accumulate-bool", "accumulate-float", "accumulate-huge", "clip-nan",
         "clip-negative", "clip-list", "option-misspelt", "option-number", "a-string", "none", "two-dicts",
-        "scheduler-of-another", "plateau", "scheduler-raises", "scheduler-inf", "two-scalers"])
+        "scheduler-of-another", "plateau", "scheduler-raises", "scheduler-inf", "two-scalers",
+        "one-cycle-of-another", "one-cycle-momentum"])
 def test_what_train_step_returns_after_the_optimizer_is_checked_in_words(tmp_path, extras, words):
     path = tmp_path / "model.py"
     path.write_text(HEADER.replace("EXTRAS", extras))
@@ -217,3 +223,59 @@ def test_a_bad_learning_rate_patch_is_refused_in_words(lr, words):
     program = training(PLANTED_SCHEDULE, 2)
     with pytest.raises(RewindError, match=words):
         hyperparameter_patches(program, str(PLANTED_SCHEDULE), "train_step", {"lr": lr})
+
+
+def test_a_grad_scaler_over_float16_parameters_is_refused_as_grad_scaler_refuses_it(tmp_path):
+    path = tmp_path / "model.py"
+    path.write_text(textwrap.dedent('''\
+        import torch
+        from torch import nn
+
+        def train_step():
+            model = nn.Linear(3, 1).half()
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            x, y = torch.randn(4, 3).half(), torch.randn(4, 1).half()
+            return model, (x, y), nn.MSELoss(), opt, torch.amp.GradScaler("cpu")
+        '''))
+    with pytest.raises(ProgramLoadError, match="'p_weight' is a float16 parameter, whose gradient GradScaler refuses "
+                                               "to unscale .* under torch.autocast"):
+        load_program(path, "train_step")
+
+
+def test_accumulation_carries_batch_norms_running_statistics_from_micro_batch_to_micro_batch(tmp_path):
+    path = tmp_path / "model.py"
+    path.write_text(textwrap.dedent('''\
+        import torch
+        from torch import nn
+
+        def train_step():
+            torch.manual_seed(0)
+            model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Tanh(), nn.Linear(4, 1))
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            return model, next(batches()), nn.MSELoss(), opt, {"accumulate": 3}
+
+        def batches():
+            g = torch.Generator().manual_seed(1)
+            while True:
+                yield torch.randn(8, 3, generator=g), torch.randn(8, 1, generator=g)
+        '''))
+    program = load_program(path, "train_step", 2)
+    session = Session(None)
+    session.launch(LaunchOptions(str(path), entry="train_step", steps=2, driver="torch:cpu"), program=program)
+    assert session.run().reason == "end"
+    for k, step in enumerate(eager_loop(path, 2)):
+        torch.testing.assert_close(session.tensor(program.losses[k]), step["loss"], **SAME)
+    torch.testing.assert_close(session.tensor("b_1_running_mean"), eager_running_mean(path, 2), **SAME)
+
+
+def eager_running_mean(path: Path, steps: int) -> torch.Tensor:
+    with user_file(path) as module:
+        model, _, loss_fn, opt, options = module.train_step()
+        batches = module.batches()
+        for _ in range(steps):
+            opt.zero_grad()
+            for _ in range(options["accumulate"]):
+                x, y = next(batches)
+                loss_fn(model(x), y).backward()
+            opt.step()
+    return model[1].running_mean

@@ -22,8 +22,8 @@ import torch
 from hardware.errors import ProgramLoadError, raised_in_user_code
 from hardware.optimizer_ops import ADAM_ARGUMENTS, adam_update, add_scaled
 
-SUPPORTED_OPTIMIZERS = "torch.optim.SGD (lr, momentum, dampening, weight_decay, nesterov, maximize), torch.optim.Adam " \
-                       "and torch.optim.AdamW (lr, betas, eps, weight_decay, amsgrad, maximize)"
+SUPPORTED_OPTIMIZERS = "torch.optim.SGD (lr, momentum, dampening, weight_decay, nesterov, maximize), " \
+                       "torch.optim.Adam and torch.optim.AdamW (lr, betas, eps, weight_decay, amsgrad, maximize)"
 LR = "lr"  # the value of a param group's learning rate in a step: `lr`, `lr_group1`, ...
 GRAD_WEIGHT = "momentum_grad_weight"  # SGD's 1 - dampening, a value as the learning rate is
 
@@ -148,26 +148,38 @@ def learning_rates(optimizer: torch.optim.Optimizer, scheduler: Any, steps: int,
     now = [_number(g["lr"]) for g in optimizer.param_groups]
     if scheduler is None:
         return [now] * steps
-    held = scheduler.state_dict()
-    out = [now]
+    held, groups = scheduler.state_dict(), [dict(g) for g in optimizer.param_groups]
+    rule, out, moved = rule_of(optimizer), [now], None
+    others = [_others(rule, g) for g in optimizer.param_groups]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": no step runs here
             for _ in range(steps - 1):
                 scheduler.step()
                 out.append([_number(g["lr"]) for g in optimizer.param_groups])
+                moved = moved or next((k for g, o in zip(optimizer.param_groups, others)
+                                       for k, v in _others(rule, g).items() if v != o[k]), None)
     except Exception as exc:
         raise ProgramLoadError(f"the learning-rate scheduler {type(scheduler).__name__} failed to step: "
                                f"{raised_in_user_code(exc, file)}") from None
     finally:
         scheduler.load_state_dict(held)
-        for group, lr in zip(optimizer.param_groups, now):
-            group["lr"] = lr
+        for group, before in zip(optimizer.param_groups, groups):
+            group.update(before)
+    if moved is not None:
+        raise ProgramLoadError(f"the learning-rate scheduler {type(scheduler).__name__} changes the optimizer's "
+                               f"{moved} from step to step, and Rewind follows a schedule of the learning rate only: "
+                               "keep the rest fixed (OneCycleLR(..., cycle_momentum=False))")
     bad = next(((k, lr) for k, lrs in enumerate(out) for lr in lrs if not math.isfinite(lr)), None)
     if bad is not None:
         raise ProgramLoadError(f"the learning-rate scheduler {type(scheduler).__name__} sets the learning rate of "
                                f"step {bad[0]} to {bad[1]}: a learning rate is a finite number")
     return out
+
+
+def _others(rule: type, group: dict) -> dict:
+    """A param group's hyperparameters other than its learning rate."""
+    return {k: v for k, v in rule.hyper(group).items() if k != "lr"}
 
 
 def lr_name(group: int) -> str:

@@ -9,10 +9,23 @@ with only `train_step()` runs it, and says so to its `note`), returning
 - `(module, inputs, optimizer)`: `module(*inputs)` (or `module(**inputs)`) returns the loss, a 0-dim tensor or an
   output holding a `loss` (a Hugging Face model given its labels).
 The optimizer is one of optimizers.SUPPORTED_OPTIMIZERS, its state as it is (fresh, or after steps the file
-already took); the learning rate stays as the optimizer has it (a scheduler is not followed). An optional
-`batches()` in the file yields the inputs of each step in turn (the first step's included), laid out as
-train_step()'s; without it every step takes train_step()'s inputs. Any entry that returns an optimizer is a
-training step; `train_step` is the name by convention. Random ops draw from the CPU generator's state as it stood when
+already took). After the optimizer the tuple may hold, in any order and each at most once, what a training loop
+does around its step:
+- a `torch.optim.lr_scheduler` scheduler of that optimizer: stepped after each step, as a loop calls
+  scheduler.step() after optimizer.step() (one that reads the losses, ReduceLROnPlateau, is refused);
+- a `torch.amp.GradScaler`: `scaler.scale(loss).backward(); scaler.unscale_(opt); scaler.step(opt);
+  scaler.update()` (loss_scaling.py);
+- a dict of the step's options: `"accumulate": N`, N micro-batches a step (N forwards and backwards, their gradients
+  summed as .backward() sums them, before one update: divide the loss by N in the loss function for a mean), and
+  `"clip_grad_norm": max_norm`, `torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)` after the backward
+  (and the scaler's unscale).
+Each step starts from no gradients, as `opt.zero_grad(set_to_none=True)` (torch's default) leaves them: a parameter
+the loss does not reach has no gradient and is not updated. An optional `batches()` in the file yields the inputs
+of each step (of each micro-batch, in order) in turn (the first's included), laid out as train_step()'s; without
+it every step takes train_step()'s inputs. Any entry that returns an optimizer is a training step; `train_step` is
+the name by convention. (A step function of the user's own, calling backward() and opt.step(), is not traced: the
+update is Rewind's functional one, optimizers.py, so its nodes are values to inspect and patch.) Random ops draw
+from the CPU generator's state as it stood when
 train_step() returned (an eager loop run then draws the same numbers).
 
 The trace runs with torch's Python dispatcher, so an op with a traceable decomposition runs it (one_hot with its
@@ -39,6 +52,13 @@ The Program's shape (what the Session, forensics and benchmarks may rely on):
   (a buffer, uint8, the CPU generator's state; there only when the step draws) and writes the state after its draw
   (`rng_state_updated`, recorded as a write of `rng_state`): a replay draws the same numbers. Any other random op,
   or one given a torch.Generator of its own, is refused.
+- Numbers that change from step to step are values, each written by a node of the step's update (an
+  `aten.scalar_tensor`, float64, named as its value): each param group's learning rate (`lr`, `lr_group1`; what the
+  scheduler sets in that step, `lr_step3`), and with SGD's dampening `momentum_grad_weight` (optimizers.py). A
+  GradScaler's step has `found_inf` (1.0 when a gradient holds a NaN/Inf: the update's every output is then the
+  value it replaces, the step skipped) and carries `grad_scale` (float32) and `growth_tracker` (int32) as state.
+  With accumulation, micro-batch i>0's inputs are `<input>_micro<i>` (`x_micro1`) and `loss` is the sum of the
+  micro-batches' losses; `grad_<parameter>` is the gradient the update reads (summed, unscaled, clipped).
 - Values: the inputs (named by the forward's parameters or keywords; the target by the loss function's second
   parameter, else `target`), parameters `p_<attribute path>` (`p_l1_weight` for `l1.weight`, as torch.export
   names them), buffers `b_...`, constants `c_...`, and the optimizer's state per parameter, kind "buffer", named
@@ -589,6 +609,12 @@ class _Tracer:
         """The traced step and its outputs' layout: (role, value name) per output, the role one of loss, grad (of
         the parameter named) and updated (the parameter, optimizer state or buffer named)."""
         scaling = self.step.scaling
+        half = [p for p in self.updates if self.flat[p].dtype == torch.float16]
+        if scaling is not None and half:
+            raise ProgramLoadError(f"GradScaler unscales gradients in place of the optimizer, and '{half[0]}' is a "
+                                   "float16 parameter, whose gradient GradScaler refuses to unscale (it would lose "
+                                   "it): keep the parameters in float32 and run the forward in float16 under "
+                                   "torch.autocast")
         if scaling is not None:
             self._add(SCALE, "buffer", scaling.scale)
             self._add(TRACKER, "buffer", scaling.tracker)

@@ -254,3 +254,81 @@ def test_the_console_runs_a_file_of_train_step_alone_says_which_entry_and_prints
     shown = next(line for line in lines if line.startswith("loss_step1 = "))
     assert float(shown.rsplit("=", 1)[1]) == pytest.approx(eager[1][0].item(), **SHOWN)
     assert "Traceback" not in run.stdout + run.stderr
+
+
+# -- what a loop does around its step: a scheduler, accumulation, a GradScaler (tests/test_training_options.py and
+# tests/test_training_grad_scaler.py have the Python API's side) ---------------------------------------------------
+
+SCHEDULE = MODELS / "training" / "planted_lr_schedule.py"  # StepLR's gamma of 10: the loss climbs from step 4
+ACCUMULATE = MODELS / "training" / "accumulate_micro_batches.py"  # 4 micro-batches a step
+OVERFLOW = MODELS / "training" / "planted_grad_scaler_overflow.py"  # GradScaler skips every step
+LOOP_STEPS = 6
+
+
+def test_a_schedulers_learning_rate_is_printed_per_step_and_patched_from_step_k_over_the_wire(schema):
+    from tests.test_training_options import eager_loop
+    debugger, _ = launched_over_the_wire(schema, SCHEDULE, entry="train_step", steps=LOOP_STEPS)
+    try:
+        eager = eager_loop(SCHEDULE, LOOP_STEPS)
+        assert [debugger.number("lr" + (f"_step{k}" if k else "")) for k in range(LOOP_STEPS)] == \
+            [step["lr"][0] for step in eager]
+        added = debugger.request("addPatch", {"name": "calm", "optimizer": {"lr": 0.005}, "fromStep": 4})
+        patched = added["branches"][0]["patches"][0]["nodes"]
+        assert [n["node"] for n in patched] == ["lr_step4", "lr_step5"]
+        curve = debugger.request("measureBranch", {"branch": "experiment", "nodes": False})["lossCurve"]
+        assert [row["patched"] == row["original"] for row in curve] == [True] * 5 + [False]
+        assert curve[-1]["patched"] < curve[-1]["original"] / 10
+        with pytest.raises(DapError, match="lr must be a finite number"):
+            debugger.request("addPatch", {"name": "bad", "optimizer": {"lr": "fast"}, "fromStep": 4})
+    finally:
+        debugger.close()
+
+
+def test_accumulation_over_4_micro_batches_over_the_wire_has_eager_losses_and_each_micro_batch_as_a_value(schema):
+    from tests.test_training_options import eager_loop
+    debugger, _ = launched_over_the_wire(schema, ACCUMULATE, entry="train_step", steps=3)
+    try:
+        for k, step in enumerate(eager_loop(ACCUMULATE, 3)):
+            assert debugger.number("loss" + (f"_step{k}" if k else "")) == pytest.approx(step["loss"].item(), **SHOWN)
+        assert debugger.evaluate("x_micro3_step2.shape")["result"] == "torch.Size([4, 5])"
+    finally:
+        debugger.close()
+
+
+def test_a_grad_scalers_skipped_step_is_stepped_to_over_the_wire_and_its_scale_halves(schema):
+    debugger = Debugger.spawn(schema)
+    assert debugger.start(OVERFLOW, stopOnEntry=True, entry="train_step", steps=3)["reason"] == "entry"
+    try:
+        stop = debugger.motion("continue")  # the float16 overflow the scaler will find
+        assert stop["reason"] == "exception" and "(step 0, tick" in stop["description"]
+        assert entry_at(debugger, debugger.position())["phase"] == "backward"
+        debugger.request("setExceptionBreakpoints", {"filters": []})
+        assert debugger.motion("continue")["reason"] == "end"
+        assert [debugger.number("found_inf" + (f"_step{k}" if k else "")) for k in range(3)] == [1.0] * 3
+        assert debugger.number("grad_scale") == 8192.0  # 65536 halved in each of the 3 steps
+        timeline = debugger.request("timeline", {"start": 0, "count": 2000})["ticks"]
+        tick = next(t["tick"] for t in timeline if t["node"] == "found_inf_step1")
+        assert (entry_at(debugger, tick)["phase"], entry_at(debugger, tick)["step"]) == ("optimizer", 1)
+        debugger.motion("goto", {"threadId": 1, "targetId": tick + 2})  # just after the check
+        assert debugger.position() == tick + 1 and debugger.number("found_inf_step1") == 1.0
+        assert debugger.number("grad_scale") == 32768.0  # step 1 runs at the scale step 0 halved
+        debugger.motion("stepBack", {"threadId": 1, "granularity": "instruction"})
+        with pytest.raises(DapError, match="found_inf_step1"):
+            debugger.evaluate("found_inf_step1")  # not yet computed before its node
+    finally:
+        debugger.close()
+
+
+def test_the_console_prints_a_steps_learning_rate_and_rewind_forensics_runs_a_scheduled_step():
+    run = rewind("debug", str(SCHEDULE), "--entry", "train_step", "--steps", "5", "--driver", "torch:cpu",
+                 stdin="continue\nprint lr_step4\npatch optimizer lr=0.005 --from-step 4 as calm\nprint lr_step4\n"
+                       "quit\n")
+    assert run.returncode == 0, run.stderr
+    shown = [line for line in run.stdout.splitlines() if line.startswith("lr_step4 = ")]
+    assert [float(s.rsplit("=", 1)[1]) for s in shown] == [pytest.approx(5.0), pytest.approx(0.005)]
+    assert "added patch 'calm'" in run.stdout
+    forensics = rewind("forensics", str(SCHEDULE), "--entry", "train_step", "--steps", "5", "--driver", "torch:cpu",
+                       "--budget-mb", "64", "--no-ablate")
+    # A learning rate too large is no numerical error: the float64 reference follows the same schedule, step by step.
+    assert forensics.returncode == 0 and "Root cause: clean" in forensics.stdout, forensics.stdout + forensics.stderr
+    assert "Traceback" not in run.stdout + run.stderr + forensics.stdout + forensics.stderr
