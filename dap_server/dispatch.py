@@ -19,7 +19,7 @@ from dap_server import (addresses, attach, breakpoints, compare, custom, evaluat
                         forensics, frames, instructions, lifecycle, memory, numerics, reference_memory, repair, sources,
                         stepping, traces, variables)  # importing a module registers its requests
 from dap_server.adapter import Adapter
-from dap_server.failures import describe_failure
+from dap_server.failures import ExpiredReference, describe_failure
 from dap_server import protocol
 from dap_server.channel import Message
 from dap_server.protocol import encode_body
@@ -111,6 +111,6 @@ class Dispatcher:
     def respond_error(self, request: dict[str, Any], exc: BaseException) -> None:
         command = request.get("command") or ""
         text = describe_failure(command, exc)
-        message = protocol.error_response(request, text, echo(command))
+        message = protocol.error_response(request, text, echo(command), not isinstance(exc, ExpiredReference))
         self.deliver(Message("response", encode_body(message), False, request["seq"], command))
 

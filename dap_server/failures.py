@@ -17,6 +17,11 @@ class Cancelled(RewindError):
     """The client cancelled the request before it ran."""
 
 
+class ExpiredReference(RewindError):
+    """A reference the last motion cleared: an editor redrawing the stop before asks for one (VS Code does, mid-step).
+    Refused, but not shown to the user as a failure of theirs (`showUser` false)."""
+
+
 def describe_failure(command: str, exc: BaseException) -> str:
     """What went wrong, in the user's terms: never an exception class name or a traceback."""
     if isinstance(exc, Cancelled):

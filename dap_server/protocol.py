@@ -211,10 +211,11 @@ def response(request: dict[str, Any], body: Any = None) -> dict[str, Any]:
             **({} if body is None else {"body": body})}
 
 
-def error_response(request: dict[str, Any], text: str, command: str) -> dict[str, Any]:
-    """A failed response: `message` and `body.error.format` are the same plain sentence."""
+def error_response(request: dict[str, Any], text: str, command: str, show_user: bool = True) -> dict[str, Any]:
+    """A failed response: `message` and `body.error.format` are the same plain sentence; `show_user` False for a
+    refusal the user did nothing to cause (the editor asked for what a motion had just cleared)."""
     return {"type": "response", "request_seq": request["seq"], "command": command, "success": False,
-            "message": text, "body": {"error": {"id": ERROR_ID, "format": text, "showUser": True}}}
+            "message": text, "body": {"error": {"id": ERROR_ID, "format": text, "showUser": show_user}}}
 
 
 def event(name: str, body: Any = None) -> dict[str, Any]:

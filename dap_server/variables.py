@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from dap_server.failures import ExpiredReference
 from dap_server.memory import memory_reference
 from dap_server.requests import Arguments, capability, request
 from hardware.errors import RewindError, echo
@@ -48,7 +49,7 @@ class VariableTable:
     def get(self, ref: int) -> Any:
         container = self._containers.get(ref)
         if container is None:
-            raise RewindError(f"variablesReference {ref} is unknown or expired (references last one stop)")
+            raise ExpiredReference(f"variablesReference {ref} is unknown or expired (references last one stop)")
         return container
 
     def clear(self) -> None:

@@ -167,3 +167,16 @@ def test_the_python_api_breaks_and_steps_per_iteration():
         assert session.run().data["tick"] == 3
         assert session.step().data["tick"] == 5 and session.back().data["tick"] == 3
         assert session.back().data["tick"] == 1
+
+
+def test_a_reference_the_last_motion_cleared_is_refused_without_a_message_for_the_user(loop):
+    """VS Code redraws the previous stop's Variables as a step runs, asking for references the step cleared: the
+    refusal says why, but is not shown to the user as their failure (showUser false); other refusals are."""
+    stale = loop.request("scopes", {"frameId": 1})["scopes"][0]["variablesReference"]
+    loop.motion("next")
+    with pytest.raises(DapError, match="unknown or expired"):
+        loop.request("variables", {"variablesReference": stale})
+    with pytest.raises(DapError, match="no frame"):
+        loop.request("scopes", {"frameId": 999})
+    refusals = [m for m in loop.messages if m.get("type") == "response" and not m["success"]]
+    assert [r["body"]["error"]["showUser"] for r in refusals[-2:]] == [False, True]
