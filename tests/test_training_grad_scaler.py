@@ -70,3 +70,13 @@ def test_rewind_forensics_of_a_clean_grad_scaler_run_is_clean(capsys):
     report = json.loads(out)
     assert status == 0 and report["nonfinite"] is None and report["divergence"] is None, out
     assert "Traceback" not in out + err
+
+
+def test_a_node_of_the_whole_update_is_no_parameters_and_a_parameters_own_is_that_parameters():
+    """found_inf and a step's learning rate reach every parameter's write: the stack reads "update of the
+    parameters" there, and a node on one parameter's way, that parameter."""
+    session, program = ran(OVERFLOW), training(OVERFLOW)
+    found = program.nodes[program.values[in_step("found_inf", 1)].producer]
+    assert session.state.update_of(found).endswith("update of the parameters")
+    own = program.nodes[program.values[in_step("p_out_weight_updated", 1)].producer]
+    assert session.state.update_of(own).endswith("update of out.weight")

@@ -70,20 +70,23 @@ def after_write(stop: Stop) -> bool:
 
 
 def _updated_parameters(program: Program) -> dict[int, str]:
-    """Optimizer node -> the parameter whose update it is part of. torch.optim updates one parameter after another:
-    a parameter's run of nodes ends with the one that writes the parameter itself."""
-    found: dict[int, str] = {}
-    run: list[int] = []
-    for node in program.nodes:
-        if node.phase != "optimizer":
-            continue
-        run.append(node.index)
-        written = [program.buffer_mutations.get(o) for o in node.outputs]
-        param = next((w for w in written if w is not None and program.values[w].kind == "parameter"), None)
-        if param is not None:
-            found.update((i, param) for i in run)
-            run = []
-    return found
+    """Optimizer node -> the parameter whose update it is part of: the one parameter its values go on to write. A
+    node whose values reach several parameters' writes (a step's learning rate, a GradScaler's found_inf) or none
+    is the whole update's, in no parameter's."""
+    feeds: dict[int, set[str]] = {}
+    readers: dict[str, list[int]] = {}
+    optimizer = [n for n in program.nodes if n.phase == "optimizer"]
+    for node in optimizer:
+        for name in node.input_names():
+            readers.setdefault(name, []).append(node.index)
+    for node in reversed(optimizer):
+        reached = {w for w in (program.buffer_mutations.get(o) for o in node.outputs)
+                   if w is not None and program.values[w].kind == "parameter"}
+        for out in node.outputs:
+            for reader in readers.get(out, ()):
+                reached |= feeds.get(reader, set())
+        feeds[node.index] = reached
+    return {i: next(iter(params)) for i, params in feeds.items() if len(params) == 1}
 
 
 @dataclass
