@@ -113,7 +113,7 @@ def test_initialize_advertises_what_works(schema):
         assert caps.get(name) is True, name
     filters = {f["filter"]: f.get("default", False) for f in caps["exceptionBreakpointFilters"]}
     assert filters == {"nan": True, "inf": False, "nonfinite-output": False, "divergence": False, "race": False,
-                       "hang": False, "loss-spike": False}
+                       "access": False, "hang": False, "loss-spike": False}
 
 
 def test_the_schema_check_is_not_vacuous():
