@@ -281,10 +281,13 @@ class SourceScopes:
         open_ids: list[int] = []
         prev: tuple[Frame, ...] = ()
         last_framed = -1
+        forward_ids: list[int] = []  # the instances of the step's last forward node with frames
         for n, node in enumerate(nodes):
             if node.phase != "forward":  # a training step's backward and update: the step's calls are over
                 if node.differentiates is not None:  # seen in the frames of the forward node it differentiates
                     self.node_instances[n] = self.node_instances[node.differentiates]
+                elif node.frames:  # an update at the user's opt.step(): in the frames its forward ran in
+                    self.node_instances[n] = self._continued(node.frames, forward_ids)
                 open_ids, prev, last_framed = [], (), -1
                 continue
             frames = node.frames
@@ -310,6 +313,16 @@ class SourceScopes:
                 ids.append(inst.id)
             self.node_instances[n] = tuple(ids)
             open_ids, prev, last_framed = ids, frames, n
+            forward_ids = ids
+
+    def _continued(self, frames: tuple[Frame, ...], forward_ids: list[int]) -> tuple[int, ...]:
+        """The instances a node after the forward (an update the user's step function made) runs in: those of the
+        forward's frames it shares, all of its frames or none."""
+        ids = forward_ids[:len(frames)]
+        if len(ids) < len(frames) or any(frame_instance(self.instances[i].frame) != frame_instance(f)
+                                         for i, f in zip(ids, frames)):
+            return ()
+        return tuple(ids)
 
     def _function(self, frame: Frame) -> Function | None:
         file = frame.loc.file

@@ -23,8 +23,8 @@ from typing import Any
 from checkpoint.branch import AttributePatch, Patch, schema_names
 from hardware.errors import ProgramLoadError, RewindError, echo
 from hardware.frontends.optimizers import LR
-from hardware.frontends.torch_export import call_entry, user_file
-from hardware.frontends.torch_train import TRAIN_RETURNS, entry_in, training_program, training_step
+from hardware.frontends.torch_export import user_file
+from hardware.frontends.torch_train import entry_in, step_of, training_program
 from hardware.optimizer_ops import ADAM_UPDATE, adam_argument
 from hardware.program import Node, Program, Ref
 from provenance.steps import check_step, counterparts, is_training
@@ -116,7 +116,7 @@ def _retraced(program: Program, model: str, entry: str, changes: dict) -> Progra
     try:
         with user_file(file) as module:
             entry = entry_in(module, entry)  # a file with no build() runs its train_step()
-            step = training_step(call_entry(module, entry, TRAIN_RETURNS), entry, file)
+            step, _ = step_of(module, entry, file)
         if step is None:
             raise RewindError(f"{entry}() in {file.name} returns no optimizer")
         _change(step.optimizer, changes)

@@ -23,8 +23,10 @@ Each step starts from no gradients, as `opt.zero_grad(set_to_none=True)` (torch'
 the loss does not reach has no gradient and is not updated. An optional `batches()` in the file yields the inputs
 of each step (of each micro-batch, in order) in turn (the first's included), laid out as train_step()'s; without
 it every step takes train_step()'s inputs. Any entry that returns an optimizer is a training step; `train_step` is
-the name by convention. (A step function of the user's own, calling backward() and opt.step(), is not traced: the
-update is Rewind's functional one, optimizers.py, so its nodes are values to inspect and patch.) Random ops draw
+the name by convention. A step function of the user's own, calling backward(), clip_grad_norm_ and opt.step()
+(`train_step(x, y)` itself, or `train_step()` returning `(step, inputs)`), is read as it runs (user_step.py) into
+the same Program: the update is Rewind's functional one (optimizers.py) either way, so its nodes are values to
+inspect and patch, placed at the lines of the user's calls. Random ops draw
 from the CPU generator's state as it stood when
 train_step() returned (an eager loop run then draws the same numbers).
 
@@ -104,6 +106,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from hardware.errors import ProgramLoadError, echo, raised_in_user_code
 from hardware.frontends.loss_scaling import FOUND_INF, SCALE, TRACKER, LossScaling
 from hardware.frontends.optimizers import LR, learning_rates, lr_name, rule_of
+from hardware.frontends.user_step import UserStep, first_batch, is_step_function, takes_a_batch
 from hardware.frontends.step_failures import StepWhere, data_shaped, step_failure
 from hardware.frontends.torch_export import (Inputs, call_entry, check_input_types, checked_inputs, convert_node,
                                              export, export_program, module_and_inputs, positional_names,
@@ -116,12 +119,14 @@ TRAIN_ENTRY = "train_step"
 DEFAULT_ENTRY = "build"
 TRAIN_RETURNS = "(module, inputs, loss_fn, optimizer), or (module, inputs, optimizer) when module(*inputs) returns " \
                 "the loss; after the optimizer, optionally its learning-rate scheduler, a torch.amp.GradScaler and a " \
-                "dict of the step's options ({\"accumulate\": 4, \"clip_grad_norm\": 1.0})"
+                "dict of the step's options ({\"accumulate\": 4, \"clip_grad_norm\": 1.0}); or (step, inputs), a " \
+                "step function of your own calling loss.backward() and opt.step()"
 MAX_ACCUMULATE = 256  # micro-batches a step
 BATCHES = "batches"
 MAX_STEPS = 10_000
 MAX_NODES = 250_000  # an unrolled Program's nodes: what a Timeline over it can hold and step through
 _PHASE = "rewind_phase"  # the key of the annotation that marks the traced backward and update
+_CALL = "rewind_call"  # the key of the annotation that marks the part of the update (user_step.CALLS) a node is of
 RNG_STATE = "rng_state"  # the CPU generator's state, threaded through the random nodes (hardware/random_ops.py)
 _HOOK = "rewind_hook"  # the key of the annotation that marks what a parameter's gradient hook traced
 _WRAPPED = "model"  # the user's module inside the exported one
@@ -146,6 +151,7 @@ class TrainingStep:
     clip_grad_norm: float | None = None  # the gradients' total norm is clipped to this before the update
     learning_rates: list[list[float]] = field(default_factory=list)  # each step's, each param group's (steps long)
     file: Path | None = None  # the model file (a failing scheduler names its line)
+    user: UserStep | None = None  # the user's own step function (user_step.py): what it calls sets the above
 
 
 def load_program(path: str | Path, entry: str = "build", steps: int = 1,
@@ -157,8 +163,7 @@ def load_program(path: str | Path, entry: str = "build", steps: int = 1,
     file = Path(path)
     with user_file(file) as module:
         entry = entry_in(module, entry, note)
-        result = call_entry(module, entry, TRAIN_RETURNS if entry == TRAIN_ENTRY else "(module, inputs)")
-        step = training_step(result, entry, file)
+        step, result = step_of(module, entry, file)
         batches = read_batches(module, file, step, steps) if step is not None else None
     if step is None:
         if steps != 1:
@@ -167,6 +172,25 @@ def load_program(path: str | Path, entry: str = "build", steps: int = 1,
         model, inputs = module_and_inputs(result, entry, file)
         return export_program(model, inputs, name=file.stem)
     return training_program(step, file.stem, steps, batches)
+
+
+def step_of(module: ModuleType, entry: str, file: Path) -> tuple[TrainingStep | None, Any]:
+    """The training step of a file's entry (None for an inference entry) and what the entry returned: the entry
+    called, or, when it takes a batch (`train_step(x, y)`, user_step.py), the step itself on batches()' first."""
+    fn = getattr(module, entry, None)
+    if takes_a_batch(fn):
+        user = UserStep.of(fn, f"{entry}() in {file}")
+        inputs = checked_inputs(first_batch(module, entry, file), f"the first batch of batches() in {file} for "
+                                                                  f"{entry}() is")
+        return user_training_step(user, inputs, file), None
+    result = call_entry(module, entry, TRAIN_RETURNS if entry == TRAIN_ENTRY else "(module, inputs)")
+    return training_step(result, entry, file), result
+
+
+def user_training_step(user: UserStep, inputs: Inputs, file: Path) -> TrainingStep:
+    """A step the user wrote (user_step.py), and the inputs it takes."""
+    rule_of(user.optimizer)
+    return TrainingStep(user.model, inputs, None, user.optimizer, loss_takes_target=False, file=file, user=user)
 
 
 def entry_in(module: ModuleType, entry: str, note: Callable[[str], None] | None = None) -> str:
@@ -191,6 +215,9 @@ def training_step(result: Any, entry: str, file: Path) -> TrainingStep | None:
     result (an entry named train_step must be one)."""
     at = next((i for i, r in enumerate(result) if isinstance(r, torch.optim.Optimizer)), None) \
         if isinstance(result, tuple) else None
+    if isinstance(result, tuple) and len(result) == 2 and is_step_function(result[0]):  # (step, inputs)
+        user = UserStep.of(result[0], f"{entry}() in {file} returned")
+        return user_training_step(user, checked_inputs(result[1], f"{entry}() in {file} returned"), file)
     if at is None and entry != TRAIN_ENTRY:
         return None
     if at is None or at not in (2, 3):
@@ -361,9 +388,11 @@ def _tensor_kind(t: torch.Tensor) -> str:
 class _LossOf(torch.nn.Module):
     """The user's module and its loss as one module whose forward returns the loss: what is exported."""
 
-    def __init__(self, model: torch.nn.Module, loss_fn: Callable | None, takes_target: bool = True):
+    def __init__(self, model: torch.nn.Module, loss_fn: Callable | None, takes_target: bool = True,
+                 user: UserStep | None = None):
         super().__init__()
         self.takes_target = takes_target
+        self.user = user
         self.model = model  # named _WRAPPED: the Program names its parameters and modules without it
         if loss_fn is not None and not isinstance(loss_fn, torch.nn.Module):
             # Export keeps the frames of forward methods only, and of functions annotated: the loss function's
@@ -372,11 +401,22 @@ class _LossOf(torch.nn.Module):
         self.loss_fn = loss_fn
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if self.user is not None:
+            return self.user.run(args, kwargs)
         if self.loss_fn is None:
             return _loss_in(self.model(*args, **kwargs))
         if not self.takes_target:
             return self.loss_fn(self.model(*args, **kwargs))
         return self.loss_fn(self.model(*args[:-1]), args[-1])
+
+
+def _read_user_step(step: TrainingStep, steps: int) -> None:
+    """What the user's own step called, as the options of a returned step would say it (user_step.py)."""
+    user = step.user
+    user.check_steps(steps)
+    step.clip_grad_norm = user.clip_grad_norm
+    step.scheduler = user.scheduler
+    step.scaling = LossScaling.of(user.scaler, user.where) if user.scaled else None
 
 
 def _loss_in(output: Any) -> Any:
@@ -395,7 +435,9 @@ def training_program(step: TrainingStep, name: str, steps: int = 1, batches: lis
     check_steps(steps)
     args, kwargs = split_inputs(step.inputs)
     check_input_types(step.model, args, kwargs)
-    ep = export(_LossOf(step.model, step.loss_fn, step.loss_takes_target), args, kwargs, name, step.model)
+    ep = export(_LossOf(step.model, step.loss_fn, step.loss_takes_target, step.user), args, kwargs, name, step.model)
+    if step.user is not None:
+        _read_user_step(step, steps)
     refused = data_shaped(ep.graph)
     if refused is not None:
         raise ProgramLoadError(refused)
@@ -521,6 +563,7 @@ class _Tracer:
         sig, state = self.ep.graph_signature, {**self.ep.state_dict, **self.ep.constants}
         labels = iter(self._input_labels())
         tensors = iter(self.user_tensors[0])
+        tied: dict[int, str] = {}  # a parameter's tensor -> its value: tied parameters are one, their gradients summed
         kinds = {InputKind.PARAMETER: ("parameter", "p_"), InputKind.BUFFER: ("buffer", "b_"),
                  InputKind.CONSTANT_TENSOR: ("constant", "c_")}
         for spec in sig.input_specs:
@@ -536,8 +579,11 @@ class _Tracer:
                 tensor = state[spec.target]
                 if not isinstance(tensor, torch.Tensor):
                     raise ProgramLoadError(f"'{target}' is a {type(tensor).__name__}; only tensors are supported")
-                name = prefix + re.sub(r"\W", "_", target)
-                self._add(name, kind, tensor, target)
+                name = tied.get(id(tensor)) if spec.kind == InputKind.PARAMETER else None
+                if name is None:  # a parameter tied to one before it (GPT-2's lm_head to its wte) is that one
+                    name = prefix + re.sub(r"\W", "_", target)
+                    self._add(name, kind, tensor, target)
+                    tied.setdefault(id(tensor), name)
             elif isinstance(state.get(spec.target), torch.Generator):
                 raise ProgramLoadError(_OWN_GENERATOR.format(op=_user_op(self.ep, spec.arg.name)))
             else:
@@ -556,7 +602,7 @@ class _Tracer:
         for the target (`target` if it has none Python can read); `x_0`, `x_1` for the tensors inside one input."""
         model, loss_fn = self.step.model, self.step.loss_fn
         args, kwargs = split_inputs(self.step.inputs)
-        names = positional_names(model.forward)
+        names = positional_names(self.step.user.fn if self.step.user is not None else model.forward)
         if loss_fn is not None and self.step.loss_takes_target:
             names = [names[i] if i < len(names) else f"input_{i}" for i in range(len(args) - 1)]
             names.append((positional_names(loss_fn)[1:2] or ["target"])[0])
@@ -650,30 +696,35 @@ class _Tracer:
             with torch.no_grad(), fx_traceback.annotate({_PHASE: "optimizer"}):
                 found = None
                 if scaling is not None:  # scaler.unscale_(optimizer)
-                    grads, found = scaling.unscaled(list(grads), env[SCALE])
+                    with fx_traceback.annotate({_CALL: "unscale"}):
+                        grads, found = scaling.unscaled(list(grads), env[SCALE])
                     layout.append(("named", FOUND_INF))
                     results.append(found)
                 if self.step.clip_grad_norm is not None:
-                    grads = _clipped(grads, self.step.clip_grad_norm)
-                numbers = {}
-                for name, per_step in self.numbers.items():
-                    numbers[name] = torch.scalar_tensor(per_step[0], dtype=torch.float64)
-                    layout.append(("named", name))
-                    results.append(numbers[name])
-                for param, grad in zip(trained, grads):
-                    if grad is None:
-                        continue  # a parameter the loss does not depend on: as torch.optim, left as it is
-                    update = self.updates[param]
-                    layout.append(("grad", param))
-                    results.append(grad)
-                    state = {key: env[name] for key, name in update.state.items()}
-                    taken = {key: numbers[name] for key, name in update.numbers.items()}
-                    for key, tensor in update.rule(env[param], grad, state, update.hyper, taken).items():
-                        name = update.state.get(key, param)
-                        layout.append(("updated", name))
-                        results.append(tensor if found is None else scaling.held(found, env[name], tensor))
+                    with fx_traceback.annotate({_CALL: "clip"}):
+                        grads = _clipped(grads, self.step.clip_grad_norm)
+                with fx_traceback.annotate({_CALL: "update"}):
+                    numbers = {}
+                    for name, per_step in self.numbers.items():
+                        numbers[name] = torch.scalar_tensor(per_step[0], dtype=torch.float64)
+                        layout.append(("named", name))
+                        results.append(numbers[name])
+                    for param, grad in zip(trained, grads):
+                        if grad is None:
+                            continue  # a parameter the loss does not depend on: as torch.optim, left as it is
+                        update = self.updates[param]
+                        layout.append(("grad", param))
+                        results.append(grad)
+                        state = {key: env[name] for key, name in update.state.items()}
+                        taken = {key: numbers[name] for key, name in update.numbers.items()}
+                        for key, tensor in update.rule(env[param], grad, state, update.hyper, taken).items():
+                            name = update.state.get(key, param)
+                            layout.append(("updated", name))
+                            results.append(tensor if found is None else scaling.held(found, env[name], tensor))
                 if scaling is not None:  # scaler.update()
-                    for name, tensor in zip((SCALE, TRACKER), scaling.updated(env[SCALE], env[TRACKER], found)):
+                    with fx_traceback.annotate({_CALL: "scaler_update"}):
+                        updated = scaling.updated(env[SCALE], env[TRACKER], found)
+                    for name, tensor in zip((SCALE, TRACKER), updated):
                         layout.append(("updated", name))
                         results.append(tensor)
             for buf in mutated:
@@ -778,6 +829,9 @@ class _Tracer:
             elif forward is not None:
                 source = nodes[forward]
                 node = replace(node, loc=source.loc, frames=source.frames, module_stack=source.module_stack)
+            elif phase == "optimizer" and self.step.user is not None and custom.get(_CALL) in self.step.user.sites:
+                frames = self.step.user.sites[custom[_CALL]]  # the user's own opt.step(), clip_grad_norm_(), ...
+                node = replace(node, loc=frames[-1].loc if frames else None, frames=frames)
             nodes.append(replace(node, name=name, phase=phase, differentiates=forward))
             values.update(written)
         return _OneStep(nodes, values, initial, self.inputs, updates, gradients, "loss", self.numbers)
@@ -864,11 +918,23 @@ def _check_loss(ep: ExportedProgram) -> None:
 def _refuse_random(fx: torch.fx.Node) -> None:
     """A node drawing random numbers from a generator Rewind does not thread through the Program (an op with no
     seeded twin, hardware/random_ops.py) cannot be replayed bit for bit."""
-    if isinstance(fx.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in fx.target.tags:
+    if isinstance(fx.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in fx.target.tags \
+            and not _no_dropout(fx):
         raise ProgramLoadError(f"the training step draws random numbers with {fx.target.overloadpacket.__name__}, "
                                "which stepping back cannot replay; Rewind replays "
                                f"{', '.join(sorted({op.overloadpacket.__name__ for op in RANDOM_OPS}))} (dropout "
                                "included): draw with one of those, or make the numbers an input of the step")
+
+
+def _no_dropout(fx: torch.fx.Node) -> bool:
+    """An op that draws only for its dropout (scaled_dot_product_attention's kernels), given a dropout of 0: it
+    draws nothing."""
+    names = [a.name for a in fx.target._schema.arguments]
+    if "dropout_p" not in names:
+        return False
+    at = names.index("dropout_p")
+    p = fx.kwargs.get("dropout_p", fx.args[at] if at < len(fx.args) else 0.0)
+    return isinstance(p, (int, float)) and p == 0
 
 
 def _user_op(ep: ExportedProgram, placeholder: str) -> str:

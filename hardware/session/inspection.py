@@ -152,6 +152,8 @@ class Inspection:
         if node is None or self._scopes is None or not 0 <= level < depth:
             return node, None, pos, depth
         ids = self._scopes.node_instances[node.index]
+        if len(ids) != depth:  # frames no instance was built for: the values by name only
+            return node, None, pos, depth
         return node, self._scopes.instances[ids[depth - 1 - level]], pos, depth
 
     def _bound(self, instance: Instance, position: int) -> dict[str, Event]:

@@ -332,3 +332,55 @@ def test_the_console_prints_a_steps_learning_rate_and_rewind_forensics_runs_a_sc
     # A learning rate too large is no numerical error: the float64 reference follows the same schedule, step by step.
     assert forensics.returncode == 0 and "Root cause: clean" in forensics.stdout, forensics.stdout + forensics.stderr
     assert "Traceback" not in run.stdout + run.stderr + forensics.stdout + forensics.stderr
+
+
+# -- a step the user wrote: their own backward(), clip_grad_norm_ and opt.step() (tests/test_training_user_step.py
+# has the Python API's side) ----------------------------------------------------------------------------------------
+
+USER_STEP = MODELS / "training" / "user_step_loop.py"  # train_step(x, y) of its own: micro-batches, clip, AdamW
+PLANTED_USER_STEP = MODELS / "training" / "user_step_planted_log.py"  # log of an underflowed probability
+
+
+def test_a_breakpoint_on_the_users_opt_step_stops_in_each_steps_update_forwards_and_back(schema):
+    from tests.test_training_user_step import eager
+    lines = USER_STEP.read_text().splitlines()
+    step_line, clip_line = line_of("opt.step()", lines), line_of("clip_grad_norm_(model", lines)
+    debugger = Debugger.spawn(schema)
+    try:
+        assert debugger.start(USER_STEP, stopOnEntry=True, steps=3)["reason"] == "entry"  # train_step: the only entry
+        said = [m["body"]["output"] for m in debugger.messages if m.get("event") == "output"]
+        assert any("running its training step (entry train_step)" in s for s in said)
+        clip, step = debugger.set_breakpoints(USER_STEP, [{"line": clip_line}, {"line": step_line}])
+        assert clip["verified"] and step["verified"]
+        stops = []
+        for _ in range(4):
+            stop = debugger.motion("continue")
+            top = debugger.top()
+            stops.append((stop["reason"], top["line"], entry_at(debugger, debugger.position())["phase"]))
+        assert stops == [("breakpoint", clip_line, "optimizer"), ("breakpoint", step_line, "optimizer")] * 2
+        assert "(step 1, tick" in stop["description"]
+        losses, _ = eager(USER_STEP, 2)
+        assert debugger.number("loss_step1") == pytest.approx(losses[1], **SHOWN)
+        assert debugger.number("lr") == pytest.approx(0.01 / 3, **SHOWN)  # the user's LambdaLR (step 1's: next)
+        assert debugger.evaluate("x.shape", frame_id=debugger.top()["id"])["result"] == "torch.Size([8, 6])"  # the step's own variables, at its line
+        back = debugger.motion("reverseContinue")
+        assert debugger.top()["line"] == clip_line and "(step 1, tick" in back["description"]
+        debugger.motion("reverseContinue")
+        assert debugger.top()["line"] == step_line
+    finally:
+        debugger.close()
+
+
+def test_rewind_forensics_names_the_users_line_in_a_step_of_their_own_and_the_console_prints_its_losses():
+    from tests.test_training_user_step import eager
+    run = rewind("forensics", str(PLANTED_USER_STEP), "--driver", "torch:cpu", "--steps", "2", "--json")
+    assert run.returncode == 1, run.stderr
+    report = json.loads(run.stdout[run.stdout.index("{"):])
+    assert f"user_step_planted_log.py:{line_of('# BUG', PLANTED_USER_STEP.read_text().splitlines())}" in \
+        report["headline"] and "Inf born" in report["headline"]
+    run = rewind("debug", str(USER_STEP), "--driver", "torch:cpu", "--steps", "2",
+                 stdin="continue\nprint loss_step1\nquit\n")
+    assert run.returncode == 0, run.stderr
+    shown = next(line for line in run.stdout.splitlines() if line.startswith("loss_step1 = "))
+    assert float(shown.rsplit("=", 1)[1]) == pytest.approx(eager(USER_STEP, 2)[0][1], **SHOWN)
+    assert "Traceback" not in run.stdout + run.stderr
