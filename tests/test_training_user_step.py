@@ -18,8 +18,8 @@ import torch
 from hardware.errors import ProgramLoadError
 from hardware.frontends.torch_export import user_file
 from hardware.frontends.torch_train import load_program
-from hardware.session import LaunchOptions, Session
 from provenance.hyperparameters import hyperparameter_patches
+from tests import test_training_options as options
 from tests.conftest import MODELS, line_of
 
 TRAINING = MODELS / "training"
@@ -30,19 +30,9 @@ STEPS = 3
 BACKWARD, CLIP = torch.Tensor.backward, torch.nn.utils.clip_grad_norm_
 
 
-@functools.lru_cache(maxsize=None)
-def training(path: Path, steps: int = STEPS):
-    return load_program(path, "train_step", steps)
-
-
-@functools.lru_cache(maxsize=None)
-def ran(path: Path, steps: int = STEPS) -> Session:
-    session = Session(None)
-    session.launch(LaunchOptions(str(path), entry="train_step", steps=steps, driver="torch:cpu", stop_on_entry=True),
-                   program=training(path, steps))
-    session.start()
-    assert session.run().reason == "end"
-    return session
+training = functools.partial(options.training, steps=STEPS)
+ran = functools.partial(options.ran, steps=STEPS)
+in_step = options.in_step
 
 
 def eager(path: Path, steps: int = STEPS) -> tuple[list[float], dict[str, torch.Tensor]]:
@@ -58,10 +48,6 @@ def eager(path: Path, steps: int = STEPS) -> tuple[list[float], dict[str, torch.
             batches = [inputs] * steps
         losses = [float(step(*batch)) for batch in batches]
         return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
-
-
-def in_step(name: str, k: int) -> str:
-    return name if k == 0 else f"{name}_step{k}"
 
 
 @pytest.mark.parametrize("path", [LOOP, SCALER, GPT2], ids=["micro_batches_clip_schedule", "grad_scaler", "gpt2"])
@@ -138,11 +124,7 @@ def test_tied_parameters_are_one_parameter_of_the_step_whose_gradient_sums_both_
             ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(2))
             return model, {"input_ids": ids, "labels": ids}, torch.optim.AdamW(model.parameters(), lr=1e-2)
     '''))
-    session = Session(None)
-    session.launch(LaunchOptions(str(tuple_form), entry="train_step", steps=2, driver="torch:cpu"),
-                   program=load_program(tuple_form, "train_step", 2))
-    session.start()
-    assert session.run().reason == "end"
+    session = ran(tuple_form, steps=2)
     with user_file(tuple_form) as module:
         model, inputs, opt = module.train_step()
         for _ in range(2):
@@ -249,11 +231,7 @@ def test_a_zero_grad_between_backwards_drops_the_losses_before_it_as_it_drops_th
     path.write_text(STEP.format(body="\n".join("    " + line for line in [
         "model.zero_grad()", LOSS, "(loss * 100).backward()", "opt.zero_grad()", LOSS, "loss.backward()",
         "opt.step()"])))
-    session = Session(None)
-    session.launch(LaunchOptions(str(path), entry="train_step", steps=2, driver="torch:cpu"),
-                   program=load_program(path, "train_step", 2))
-    session.start()
-    assert session.run().reason == "end"
+    session = ran(path, steps=2)
     with user_file(path) as module:
         expected = []
         for _ in range(2):

@@ -126,7 +126,7 @@ BATCHES = "batches"
 MAX_STEPS = 10_000
 MAX_NODES = 250_000  # an unrolled Program's nodes: what a Timeline over it can hold and step through
 _PHASE = "rewind_phase"  # the key of the annotation that marks the traced backward and update
-_CALL = "rewind_call"  # the key of the annotation that marks the part of the update (user_step.CALLS) a node is of
+_CALL = "rewind_call"  # the key of the annotation that marks the part of the update a node is of (UserStep.sites)
 RNG_STATE = "rng_state"  # the CPU generator's state, threaded through the random nodes (hardware/random_ops.py)
 _HOOK = "rewind_hook"  # the key of the annotation that marks what a parameter's gradient hook traced
 _WRAPPED = "model"  # the user's module inside the exported one
@@ -213,11 +213,11 @@ def check_steps(steps: Any) -> None:
 def training_step(result: Any, entry: str, file: Path) -> TrainingStep | None:
     """The parts of an entry's result that is a training step (it holds an optimizer), checked; None for any other
     result (an entry named train_step must be one)."""
-    at = next((i for i, r in enumerate(result) if isinstance(r, torch.optim.Optimizer)), None) \
-        if isinstance(result, tuple) else None
     if isinstance(result, tuple) and len(result) == 2 and is_step_function(result[0]):  # (step, inputs)
         user = UserStep.of(result[0], f"{entry}() in {file} returned")
         return user_training_step(user, checked_inputs(result[1], f"{entry}() in {file} returned"), file)
+    at = next((i for i, r in enumerate(result) if isinstance(r, torch.optim.Optimizer)), None) \
+        if isinstance(result, tuple) else None
     if at is None and entry != TRAIN_ENTRY:
         return None
     if at is None or at not in (2, 3):

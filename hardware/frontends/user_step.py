@@ -47,12 +47,11 @@ from hardware.frontends.torch_export import _is_user_file
 from hardware.program import Frame, SourceLoc
 
 _MISSING = object()
-CALLS = ("unscale", "clip", "update", "scaler_update")  # the parts of a step's update, each a call of the step
 
 
 def is_step_function(fn: Any) -> bool:
     """A function the user wrote, not a module or an optimizer: a step of their own."""
-    return (inspect.isfunction(fn) or inspect.ismethod(fn)) and not isinstance(fn, torch.nn.Module)
+    return inspect.isfunction(fn) or inspect.ismethod(fn)
 
 
 def takes_a_batch(fn: Any) -> bool:
@@ -61,11 +60,9 @@ def takes_a_batch(fn: Any) -> bool:
     if not is_step_function(fn):
         return False
     try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
+        return any(name not in ("rank", "world_size") for name in _required(fn))
+    except (TypeError, ValueError):  # a signature Python cannot read
         return False
-    return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
-               and p.name not in ("rank", "world_size") for p in params)
 
 
 @dataclass
@@ -83,8 +80,7 @@ class UserStep:
     scaled: bool = False  # scaler.scale(loss).backward(): the scaler's step
     scheduler: Any = None  # the scheduler the step stepped
     cleared: bool = False  # a zero_grad() ran
-    backwards: int = 0
-    # Where the step made each call of its update (CALLS), the user's frames outermost first: the update's nodes
+    # Where the step made each call of its update (unscale, clip, update, scaler_update), the user's frames outermost first: the update's nodes
     # are at those lines (a breakpoint on `opt.step()` stops in the update).
     sites: dict[str, tuple[Frame, ...]] = field(default_factory=dict)
     # The module's parameters by name, and those the optimizer trains, as they are outside export (inside, the
@@ -174,7 +170,7 @@ class _Run:
         self.total: torch.Tensor | None = None
         self.events: list[str] = []
         self.scaled_ids: set[int] = set()
-        step.clip_grad_norm, step.scaled, step.scheduler, step.cleared, step.backwards = None, False, None, False, 0
+        step.clip_grad_norm, step.scaled, step.scheduler, step.cleared = None, False, None, False
         step.sites = {}
 
     def refuse(self, what: str) -> None:
@@ -196,7 +192,6 @@ class _Run:
             self.refuse("scales some losses with its GradScaler and not others: every backward() takes "
                         "scaler.scale(loss)")
         self.events.append("backward")
-        self.step.backwards += 1
         # The running total where the user's backward() is: its node is at their line.
         self.total = tensor if self.total is None else self.total + tensor
 
@@ -212,7 +207,6 @@ class _Run:
     def zero_grad(self, set_to_none: bool = True) -> None:
         if "backward" in self.events and "step" not in self.events:
             self.total = None  # the gradients of the backwards before it are gone, their losses with them
-            self.step.backwards = 0
             self.step.clip_grad_norm = None
         self.events.append("zero_grad")
         self.step.cleared = True
@@ -331,7 +325,7 @@ class _Run:
             (step.optimizer, "step", self.opt_step), (step.optimizer, "zero_grad", self.zero_grad),
             (step.model, "zero_grad", self.zero_grad)]
         fn = step.fn.__func__ if inspect.ismethod(step.fn) else step.fn
-        targets += [(_Globals(fn.__globals__), name, self.clip_grad_norm_)
+        targets += [(fn.__globals__, name, self.clip_grad_norm_)
                     for name, value in list(fn.__globals__.items()) if value is clip]  # from torch.nn.utils import
         if step.scaler is not None:
             targets += [(step.scaler, "scale", self.scale), (step.scaler, "unscale_", self.unscale_),
@@ -359,15 +353,9 @@ def _method(fn: Callable) -> Callable:
     return method
 
 
-class _Globals:
-    """A function's globals dict, patched as attributes are."""
-
-    def __init__(self, namespace: dict):
-        self.__dict__["_ns"] = namespace
-
-
 class _Patches:
-    """Attributes replaced for the run, then put back as they were (an instance's attribute removed again)."""
+    """Attributes (or a namespace's names: a function's globals) replaced for the run, then put back as they were
+    (an instance's attribute removed again)."""
 
     def __init__(self, targets: list[tuple[Any, str, Any]]):
         self.targets = targets
@@ -375,19 +363,17 @@ class _Patches:
 
     def __enter__(self) -> None:
         for obj, name, new in self.targets:
-            space = obj._ns if isinstance(obj, _Globals) else None
-            if space is not None:
-                self.saved.append((obj, name, space.get(name, _MISSING)))
-                space[name] = new
-                continue
-            own = obj.__dict__ if not isinstance(obj, type) else vars(obj)
-            self.saved.append((obj, name, own.get(name, _MISSING)))
-            setattr(obj, name, new)
+            space = obj if isinstance(obj, dict) else vars(obj)
+            self.saved.append((obj, name, space.get(name, _MISSING)))
+            if isinstance(obj, dict):
+                obj[name] = new
+            else:
+                setattr(obj, name, new)
 
     def __exit__(self, *exc: Any) -> None:
         for obj, name, old in reversed(self.saved):
-            if isinstance(obj, _Globals):
-                obj._ns.pop(name, None) if old is _MISSING else obj._ns.__setitem__(name, old)
+            if isinstance(obj, dict):
+                obj.pop(name, None) if old is _MISSING else obj.__setitem__(name, old)
             elif old is _MISSING:
                 delattr(obj, name)
             else:
