@@ -362,13 +362,17 @@ class _Patches:
         self.saved: list[tuple[Any, str, Any]] = []
 
     def __enter__(self) -> None:
-        for obj, name, new in self.targets:
-            space = obj if isinstance(obj, dict) else vars(obj)
-            self.saved.append((obj, name, space.get(name, _MISSING)))
-            if isinstance(obj, dict):
-                obj[name] = new
-            else:
-                setattr(obj, name, new)
+        try:
+            for obj, name, new in self.targets:
+                space = obj if isinstance(obj, dict) else vars(obj)
+                self.saved.append((obj, name, space.get(name, _MISSING)))
+                if isinstance(obj, dict):
+                    obj[name] = new
+                else:
+                    setattr(obj, name, new)
+        except BaseException:  # what was replaced before the failure is put back
+            self.__exit__()
+            raise
 
     def __exit__(self, *exc: Any) -> None:
         for obj, name, old in reversed(self.saved):
