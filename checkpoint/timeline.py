@@ -89,15 +89,17 @@ class Timeline:
     def __init__(self, program: Program, driver: Driver, budget: int, every: int | None = None,
                  on_nondeterminism: Callable[[Nondeterminism], None] | None = None, tiers: HostTier | None = None,
                  recorder: TraceWriter | None = None, archive: Archive | None = None, check_batch: int | None = None,
-                 device_pool: bool | None = None):
+                 device_pool: bool | None = None, fast_forward: bool = False):
         """`every`: checkpoint period in ticks (None: automatic); `tiers`: where the ring spills; `recorder`:
         continuous recording to a trace file; `archive`: a trace opened for reading; `check_batch`: writes whose
         on-device checks are read back together (None: the driver's); `device_pool`: retain copies in a
-        preallocated device pool (None: as the driver prefers)."""
+        preallocated device pool (None: as the driver prefers); `fast_forward`: run ahead (`run_ahead`) keeping only
+        what the checkpoints need."""
         self.program, self.driver = program, driver
         self.on_nondeterminism = on_nondeterminism
         self.recorder = recorder
         self.check_batch, self.device_pool = check_batch, device_pool
+        self.fast_forward = fast_forward
         self.position = Tick(0)
         self.frontier = Tick(0)
         self.chip = driver.describe()
@@ -203,13 +205,35 @@ class Timeline:
         self.position = tick
         self.store.sync_buffers(self.position)
 
+    def run_ahead(self, stop: Tick) -> None:
+        """Execute the steps from the frontier to `stop`, leaving the position where it is: a stretch where nothing
+        can stop (the caller knows: hardware/session/fast_forward.py). With `fast_forward` each step keeps only its
+        write log row (digest, NaN/Inf counts, min/max/sum: the fused checks) and the values later steps read; the
+        ring retains the values live at each checkpoint, and any other value is recomputed from the checkpoint
+        before it when asked (checkpoint/versions.py), as rr replays. Without it, as `forward` executes them."""
+        stop = min(stop, self.end)
+        if self.frontier >= stop:
+            return
+        retain = not self.fast_forward or self.recorder is not None  # a recording writes every version
+        start = self.frontier
+        while self.frontier < stop:
+            self._execute(self.frontier, retain)
+            self.frontier = Tick(self.frontier + 1)
+        self.store.ran_ahead(start, stop)
+        self.store.sync_buffers(self.position)
+
+    def forget_ahead(self, tick: Tick) -> None:
+        """Forget the steps executed from `tick` (at or after the position) on, without moving: a stretch ran past
+        where its motion stopped."""
+        self._truncate(max(tick, self.position))
+
     def record_through(self, tick: Tick | None = None) -> None:
         """Execute the steps up to `tick` (default: the end) the pass has not run yet, leaving the position where
         it was: the write log and the values exist from then on."""
         tick = self.end if tick is None else tick
         if self.frontier < tick:
             here = self.position
-            self.seek(tick)
+            self.run_ahead(tick)
             self.seek(here)
 
     # -- values (the store's) ------------------------------------------------------------------
@@ -289,7 +313,9 @@ class Timeline:
         return outputs
 
     # -- executing at the frontier -------------------------------------------------------------
-    def _execute(self, tick: Tick) -> None:
+    def _execute(self, tick: Tick, retain: bool = True) -> None:
+        """Run the step of `tick`, log its writes, keep its values (not `retain`: only those later steps read, as
+        `run_ahead` says)."""
         step = self.schedule[tick]
         unit = self.unit_names[step.unit]
         store = self.store
@@ -310,7 +336,7 @@ class Timeline:
             for (name, buf, read_later), tensor in zip(plan.writes, outputs):
                 place = storage(tensor)  # a view's is what it views: it writes no memory of its own
                 kind = KIND_VIEW if place[0] in read_storages else KIND_NODE
-                self._record(tick, step.node, name, kind, tensor, unit, read_later, place)
+                self._record(tick, step.node, name, kind, tensor, unit, read_later, place, retain)
                 if buf is not None:
                     memory = store.write_buffer(buf, tick, tensor)
                     row = self._log_write(tick, unit, step.node, buf, KIND_BUFFER,
@@ -319,17 +345,18 @@ class Timeline:
                         self.recorder.write(self.log.row(row))
             store.read_last(plan.last_read, tick)
             if (tick + 1) % self.every == 0 or (self._step_starts and self._starts_step(Tick(tick + 1))):
-                pins = store.checkpoint(Tick(tick + 1))
+                pins = store.checkpoint(Tick(tick + 1), retain)
                 if self.recorder is not None:
                     self.recorder.checkpoint(tick + 1, sorted(pins))
         finally:
             store.release()
 
     def _record(self, tick: Tick, node: int | None, name: str, kind: int, tensor: Any, unit: str,
-                read_later: bool | None = None, place: tuple[Any, int] | None = None) -> None:
-        """Log and keep one write (`read_later`, `place`: VersionStore.written's, when the caller has them)."""
+                read_later: bool | None = None, place: tuple[Any, int] | None = None, retain: bool = True) -> None:
+        """Log and keep one write (`read_later`, `place`, `retain`: VersionStore.written's, when the caller has
+        them)."""
         row = self._log_write(tick, unit, node, name, kind, write_extent(self.driver, name, tensor, unit), tensor)
-        self.store.written(name, tick, tensor, read_later, place)
+        self.store.written(name, tick, tensor, read_later, place, retain)
         if self.recorder is not None:
             self.recorder.write(self.log.row(row))
             if kind != KIND_VIEW:  # a view is recomputed from what it views, without the device

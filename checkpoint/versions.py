@@ -313,12 +313,14 @@ class VersionStore:
 
     # -- versions written at the frontier ----------------------------------------------------------
     def written(self, name: str, tick: Tick, tensor: Any, read_later: bool | None = None,
-                place: tuple[Hashable, int] | None = None) -> None:
-        """`tick` wrote `tensor` as a new version of `name`: retained, and held until its last reader ran (`read_later`:
-        whether a later step reads it, when the caller knows; `place`: the tensor's allocation and bytes)."""
+                place: tuple[Hashable, int] | None = None, retain: bool = True) -> None:
+        """`tick` wrote `tensor` as a new version of `name`: retained (unless not `retain`: a checkpoint may retain it
+        while it is held), and held until its last reader ran (`read_later`: whether a later step reads it, when the
+        caller knows; `place`: the tensor's allocation and bytes)."""
         self.versions.setdefault(name, []).append(tick)
         key = (name, tick)
-        self.keep(key, tensor, place, tick)  # the owner stands at the tick it executes
+        if retain:
+            self.keep(key, tensor, place, tick)  # the owner stands at the tick it executes
         if self.owner.last_use_tick(name) > tick if read_later is None else read_later:
             self.frontier_values[key] = tensor
 
@@ -353,10 +355,15 @@ class VersionStore:
         for name in names:
             self.frontier_values.pop((name, self.version_at(name, tick)), None)
 
-    def checkpoint(self, tick: Tick) -> frozenset[VersionKey]:
+    def checkpoint(self, tick: Tick, retained: bool = True) -> frozenset[VersionKey]:
         """Pin the retained versions live at `tick`, the frontier: the frontier values are the versions written and
-        not yet read for the last time (an older version of an edited value is not live). Returns the pins."""
+        not yet read for the last time (an older version of an edited value is not live). Not `retained`: the steps
+        before kept none of theirs, so the live ones are retained now (as the budget allows). Returns the pins."""
         ring, versions = self.ring, self.versions
+        if not retained:
+            for key, tensor in list(self.frontier_values.items()):
+                if key not in ring and versions[key[0]][-1] == key[1]:
+                    self.keep(key, tensor, position=tick)
         pins = frozenset(k for k in self.frontier_values if k in ring and versions[k[0]][-1] == k[1])
         ring.checkpoints[tick] = Checkpoint(tick, pins, ring.tier)
         return pins
@@ -371,6 +378,12 @@ class VersionStore:
             self.driver.copy_into(self.physical[buf], tensor)
             self._physical_version[buf] = want
         self._synced = position
+
+    def ran_ahead(self, start: Tick, stop: Tick) -> None:
+        """The steps start..stop-1 ran at the frontier and wrote their buffers' memory, wherever the position was:
+        what that memory holds now is the versions at `stop` if it held those at `start`, else a mix."""
+        if self.physical:
+            self._synced = stop if self._synced == start else None
 
     def _buffers_to_sync(self, position: Tick) -> Iterable[str]:
         """The buffers whose version may differ from what their memory holds: those written between the last

@@ -77,6 +77,13 @@ def _kernel_command(argv: list[str]) -> bool:
         "--entry=kernel" in argv or any(a == "--entry" and b == "kernel" for a, b in zip(argv, argv[1:])))
 
 
+def _against_without_kernel(argv: list[str]) -> bool:
+    """forensics, validate or repair of a model with --against: the op a Triton kernel is compared with, which a
+    model has no use for (validate and repair --function take --against REF, the trusted function)."""
+    return bool(argv) and argv[0] in ("forensics", "validate", "repair") and "--function" not in argv and any(
+        a == "--against" or a.startswith("--against=") for a in argv)
+
+
 def _kernel_commands() -> ModuleType:
     from hardware.drivers.triton import commands  # deferred: imports torch and Triton, which only a kernel needs
     return commands
@@ -97,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if _kernel_command(argv):
         return _kernel_commands().main(argv)
+    if _against_without_kernel(argv):
+        print(f"rewind {argv[0]}: --against OP compares a Triton kernel's outputs with a torch op: it needs "
+              "--entry kernel and a kernel file (docs/kernels.md)",
+              file=sys.stderr)
+        return 2
     parser = argparse.ArgumentParser(prog="rewind", description="Rewind: a time-travel debugger for AI accelerators.")
     commands = parser.add_subparsers(dest="command", required=True)
     debug = commands.add_parser("debug", help="debug a model in the console",

@@ -71,7 +71,7 @@ class Console(NumericsCommands):
         self.failures = 0
         self.frame = 0  # the stack frame (where's #N) print, locals, prov and locate read; #0 again after each stop
         self.ranks = 0  # the session's ranks (docs/ranks.md); 0: it runs one process
-        self.thread = 1  # the selected thread (rank + 1) every command asks about; with ranks, each stop's own
+        self.thread = 1  # the selected thread (rank + 1, unit + 1) every command asks about: each stop's own
         self.ask: Callable[[str], bool] | None = None  # a yes/no question to the user, at a terminal only
         self.recording: str | None = None  # the recording an engine left when it ended, to reopen
         # the one registry: what runs each command and what help says of it
@@ -108,7 +108,8 @@ class Console(NumericsCommands):
                     "selects its rank, as gdb's thread N); without N: where the selected rank is"),
             Command(("ranks",), self.cmd_ranks, "ranks", "with --ranks: each rank's tick, the collective, send or "
                     "recv it waits at (or runs next), how many it has run, and who it runs with"),
-            Command(("locate",), self.cmd_locate, "locate NAME", "where a value lives: chip, memory, address"),
+            Command(("locate",), self.cmd_locate, "locate NAME", "where a value lives: chip, memory, address (in a "
+                    "kernel: NAME or NAME[I], a flat index, with the programs that wrote and read it)"),
             Command(("prov",), self.cmd_prov, "prov NAME", "who wrote a value, and its lineage"),
             Command(("checkpoints",), self.cmd_checkpoints, "checkpoints", "list the checkpoints"),
             Command(("restore",), self.cmd_restore, "restore TICK", "go to the checkpoint at TICK"),
@@ -222,8 +223,9 @@ class Console(NumericsCommands):
         if event == "terminated":
             return self._engine_ended(stop)
         self.frame = 0  # a stop shows its top frame, as a debugger does
-        if self.ranks:  # and selects the rank it is about, as gdb selects the thread that stopped
-            self.thread = stop.get("threadId", 1)
+        # and selects the thread it is about (a rank; a kernel's program: its kernel line), as gdb selects the thread
+        # that stopped: the next commands read and step it
+        self.thread = stop.get("threadId", 1)
         here, tick, frame = self._top()
         numbers = [bp.number for bp in self.breakpoints if bp.server_id in stop.get("hitBreakpointIds", [])]
         data = {"reason": stop["reason"], "description": stop.get("description", ""), **here, "breakpoints": numbers}
@@ -615,10 +617,53 @@ class Console(NumericsCommands):
 
 
 def describe_placement(name: str, placement: dict) -> str:
-    """Where a value lives, a line per shard (`locate`)."""
-    return "\n".join(f"{name} ({placement['value']}): {s['dtype']}{s['shape']} in {s['space']} of {s['chip']} "
-                     f"at 0x{s['address']:x}, {s['nbytes']} bytes, strides {s['strides']}, unit {s['unit']}"
-                     for s in placement["shards"])
+    """Where a value lives, a line per shard (`locate`); a kernel's tensor or element, then what programs did to it."""
+    lines = [f"{name} ({placement['value']}): {s['dtype']}{s['shape']} in {s['space']} of {s['chip']} "
+             f"at 0x{s['address']:x}, {s['nbytes']} bytes, strides {s['strides']}, unit {s['unit']}"
+             for s in placement["shards"]]
+    kernel = placement.get("kernel")
+    if kernel is not None:
+        lines += describe_kernel_element(kernel) if "element" in kernel else describe_kernel_writers(kernel)
+    return "\n".join(lines)
+
+
+def describe_kernel_element(found: dict) -> list[str]:
+    """An element of a kernel's tensor (`locate out_ptr[37]`): its index, the last write and read, every write."""
+    lines = [f"  element {found['index']} of {found['tensor']} {found['dtype']}{found['shape']}, "
+             f"{_launch_steps(found)}",
+             "  last write: " + (_access(found["lastWrite"]) if found["lastWrite"] else found["lastWriteReason"]),
+             "  last read: " + (_access(found["lastRead"]) if found["lastRead"] else found["lastReadReason"])]
+    if found["totalWrites"]:
+        lines.append(f"  {found['totalWrites']} write(s)" + (f" ({found['truncated']})" if "truncated" in found else "")
+                     + ":")
+        lines += [f"    {_access(w)}" for w in found["writes"]]
+    return lines
+
+
+def describe_kernel_writers(found: dict) -> list[str]:
+    """A kernel's tensor (`locate out_ptr`): which programs wrote which elements."""
+    lines = [f"  {found['written']} of {found['elements']} element(s) written, {_launch_steps(found)}"]
+    if not found["writers"]:
+        return lines + [f"  {found['writersReason']}"]
+    for w in found["writers"]:
+        ranges = ", ".join(f"{a}..{b - 1}" if b - a > 1 else str(a) for a, b in w["ranges"])
+        more = f", … {w['totalRanges']} ranges in all" if w["totalRanges"] > len(w["ranges"]) else ""
+        atomic = ", atomic" if w["atomic"] else ""
+        lines.append(f"  {w['thread']} wrote {w['elements']} element(s): {ranges}{more} (line "
+                     f"{', '.join(str(n) for n in w['lines'])}{atomic})")
+    if "truncated" in found:
+        lines.append(f"  ({found['truncated']})")
+    return lines
+
+
+def _launch_steps(found: dict) -> str:
+    return f"after {found['steps']} of the launch's {found['launchSteps']} steps"
+
+
+def _access(a: dict) -> str:
+    """`program (1, 0, 0) at line 19, step 93 (store): 0.462504`."""
+    value = f"{a['value']:.6g}" if isinstance(a["value"], float) else str(a["value"])
+    return f"{a['thread']} at line {a['line']}, step {a['step']} ({a['kind']}): {value}"
 
 
 def describe_saved(saved: dict) -> str:

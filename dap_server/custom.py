@@ -62,8 +62,14 @@ class ValueArguments(StrictArguments):
 
 @request("locate")
 def locate(adapter: "RequestContext", args: ValueArguments) -> dict:
-    value = adapter.resolve_value(args.name, adapter.frame_level(args.frameId))
-    return adapter.session.locate(value).to_dict()
+    """A value's Placement; in a kernel's session a tensor of the kernel, or one element of it by flat index
+    (`out_ptr[37]`), is answered by the session with what the programs did to it (`kernel`, docs/kernels.md)."""
+    level = adapter.frame_level(args.frameId)
+    adapter.require_launched()
+    found = adapter.session.locate_elements(args.name)
+    if found is not None:
+        return found
+    return adapter.session.locate(adapter.resolve_value(args.name, level)).to_dict()
 
 
 class ProvenanceArguments(ValueArguments):

@@ -58,6 +58,9 @@ class CheckpointOptions(StrictArguments):
     spillDir: str | None = None  # where the disk tier's spill file goes (default: the temp directory)
     checkBatch: int | None = Field(None, ge=1)  # writes whose on-device checks are read back together
     devicePool: bool | None = None  # copy checkpoints into a preallocated device pool (default: on a GPU)
+    # run the stretches of a motion where no stop can come keeping only the write log and what checkpoints need,
+    # other values recomputed when asked (hardware/session/fast_forward.py); false: every value retained as it runs
+    fastForward: bool = True
 
 
 # Attributes every VS Code launch configuration may carry; they mean nothing to the adapter.
@@ -144,6 +147,7 @@ class LaunchArguments(StrictArguments):
                              host_mb=self.checkpoint.hostMB, disk_mb=self.checkpoint.diskMB,
                              spill_dir=path(self.checkpoint.spillDir),
                              check_batch=self.checkpoint.checkBatch, device_pool=self.checkpoint.devicePool,
+                             fast_forward=self.checkpoint.fastForward,
                              stop_on_entry=self.stopOnEntry, reference=reference, rtol=self.rtol,
                              atol=self.atol, seed=self.seed, schedule=self.schedule, faults=self.faults,
                              ranks=self.ranks, replicas=self.replicas, rendezvous=self.rendezvous,

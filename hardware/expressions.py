@@ -129,7 +129,7 @@ def _compiled(text: str) -> ast.Expression:
     try:
         tree = ast.parse(source, mode="eval")
     except SyntaxError as exc:
-        raise ExpressionError(f"syntax error in '{echo(text, ECHO_WHOLE)}': {_clean(exc.msg)}") from None
+        raise ExpressionError(f"syntax error in '{echo(text, ECHO_WHOLE)}': {clean_message(exc.msg)}") from None
     except (ValueError, RecursionError, MemoryError):
         raise ExpressionError(f"'{echo(text, ECHO_WHOLE)}' is not an expression Rewind can read "
                               "(it nests too deeply or holds characters Python does not accept)") from None
@@ -682,7 +682,7 @@ def _kind(value: Any) -> str:
     return type(value).__name__
 
 
-def _clean(message: str, limit: int = 200) -> str:
+def clean_message(message: str, limit: int = 200) -> str:
     """One line of someone else's message, without Python's exception names."""
     first = next((line.strip() for line in str(message).splitlines() if line.strip()), "")
     first = _EXCEPTION_NAMES.sub("", first)
@@ -691,7 +691,7 @@ def _clean(message: str, limit: int = 200) -> str:
 
 def _translate(exc: BaseException, what: str) -> str:
     """A failure inside the expression, in the user's terms (never Python's exception names)."""
-    message = _clean(str(exc))
+    message = clean_message(str(exc))
     if isinstance(exc, ZeroDivisionError):
         return f"division by zero in {what}"
     if isinstance(exc, RecursionError):
@@ -725,4 +725,4 @@ def truth(value: Any) -> bool:
     except RewindError:
         raise
     except Exception as exc:  # noqa: BLE001 -- e.g. the truth of a meta or sparse tensor
-        raise ExpressionError(f"the result cannot be read as true or false: {_clean(str(exc))}") from None
+        raise ExpressionError(f"the result cannot be read as true or false: {clean_message(str(exc))}") from None

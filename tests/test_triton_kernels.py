@@ -7,9 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-from hardware.drivers.triton import open_kernel
+from hardware.drivers.triton import KernelLaunch, TritonDriver, open_kernel
 from hardware.drivers.triton.commands import forensics, validate
+from hardware.drivers.triton.forensics import tolerance
+from hardware.drivers.triton.launch import interpreter_refuses
 from hardware.session import LaunchOptions, LineSpec, Session
 from hardware.ticks import Direction
 
@@ -89,6 +92,19 @@ def test_a_planted_kernel_offered_as_a_fix_is_rejected():
 def test_a_wrapper_that_computes_the_answer_outside_the_kernel_is_refused():
     report = validate(str(KERNELS / "softmax_wrapper.py"), str(KERNELS / "softmax_padded.py"))
     assert report["verdict"] == "refused" and "_softmax" in report["reason"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_interpreter_computes_in_a_dtype_exactly_when_its_dtype_case_is_run(dtype):
+    """A dtype case not run must be one the interpreter would get wrong: the scale kernel, cast, against x * 2.5."""
+    launch = KernelLaunch.from_file(KERNELS / "scale_fixed.py")
+    assert launch.cast_inputs(dtype) == 2
+    driver = TritonDriver(launch)
+    driver.first_run()
+    want = launch.arguments[0].value.double() * 2.5
+    rtol, atol = tolerance(dtype)
+    close = torch.allclose(driver.tensor_at_end("out_ptr").double(), want, rtol=rtol, atol=atol)
+    assert (interpreter_refuses(dtype) is None) == close
 
 
 def _tensors(driver) -> list[bytes]:

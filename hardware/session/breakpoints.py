@@ -18,6 +18,7 @@ nodes that differentiate them (at the same line). A line or function breakpoint'
 from __future__ import annotations
 
 import ast
+import bisect
 import difflib
 import re
 from dataclasses import dataclass, field
@@ -356,6 +357,19 @@ class BreakpointTable:
             hit = [bp for bp in stopping if self._holds(bp, q, self._static_positions(bp))]
             if hit:
                 found.append(_stop(q, hit, self.mode_of))
+        return found
+
+    def next_position(self, q: int) -> int | None:
+        """The first position at or after q where a line or function breakpoint's static part matches (None: no
+        such breakpoint stops there; a data breakpoint's positions are its writes, known once they ran)."""
+        found = None
+        for bp in self.verified():
+            if bp.kind == "data":
+                continue
+            positions = self._static_positions(bp)[0]
+            i = bisect.bisect_left(positions, q)
+            if i < len(positions) and (found is None or positions[i] < found):
+                found = positions[i]
         return found
 
     def _holding(self, q: int) -> list[Breakpoint]:

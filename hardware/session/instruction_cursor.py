@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 FORWARD = Direction.FORWARD
 CHIP_FILTERS = {"race", "hang", "access", "divergence"}  # filters a node's recorded Schedule may answer (a kernel's
 # divergence from its reference is found by its driver, at the store that went wrong)
-Targets = Callable[[NodeSchedule | None], np.ndarray]  # positions k of a node a motion may stop at
+Targets = Callable[[Tick, NodeSchedule | None], np.ndarray]  # positions k of the node at a tick a motion may stop at
 
 
 @dataclass
@@ -159,7 +159,7 @@ class InstructionCursor:
             sched = self.schedule(tick)
             last = self._last(sched)
             lo, hi = ((k0 if first else 0), last + 1) if forward else (-1, (k0 if first else last))
-            found = self._nearest(tick, sched, lo, hi, direction, targets(sched), unit)
+            found = self._nearest(tick, sched, lo, hi, direction, targets(tick, sched), unit)
             if found is not None:
                 return self._stop(*found)
             if self.state.pause.is_set():
@@ -210,18 +210,51 @@ class InstructionCursor:
         """One step of the interleaving; of `unit` (the others run as recorded); or of `unit` alone."""
         if unit is None or unit == 0:
             return self.walk(direction, _every)
-        if not 0 < unit < len(self.tl.unit_names):
-            raise RewindError(f"no unit {unit}: the chip's units are 0..{len(self.tl.unit_names) - 1}")
-        if single_thread and direction is FORWARD:
-            self._force(unit)
+        self._take(unit, direction, single_thread)
 
-        def of_unit(sched: NodeSchedule | None) -> np.ndarray:
+        def of_unit(tick: Tick, sched: NodeSchedule | None) -> np.ndarray:
             if sched is None:
                 return np.zeros(0, np.int64)
             steps = np.flatnonzero(sched.units == unit)
             return steps + 1 if direction is FORWARD else steps
 
         return self.walk(direction, of_unit, unit)
+
+    def steps_lines(self, unit: int) -> bool:
+        """Do `unit`'s instructions run at source lines of their own (a kernel program's, at its kernel lines)?"""
+        tl = self.tl
+        node = tl.node_at(min(tl.position, tl.end - 1)) if tl.end else None
+        return 0 < unit < len(tl.unit_names) and node is not None and any(
+            i.line is not None for i in self.driver.disassemble(node.index, unit))
+
+    def step_line(self, direction: Direction, unit: int, single_thread: bool) -> Stop:
+        """`unit` to the next line of its own code it executes (the others run as recorded; `single_thread`: it
+        alone): forward, to where its next instruction is at another line than the one it is at, or to where it
+        has finished; back, to where it began executing the line it is in, or, where it is about to begin one, the
+        line before. A line run again by the next instruction (a loop of one line) is one execution of it."""
+        self._take(unit, direction, single_thread)
+
+        def line_edges(tick: Tick, sched: NodeSchedule | None) -> np.ndarray:
+            node = self.tl.node_at(tick) if sched is not None else None
+            if node is None:
+                return np.zeros(0, np.int64)
+            at: dict[tuple, int] = {}
+            lines = np.array([at.setdefault((i.file, i.line), len(at))
+                              for i in self.driver.disassemble(node.index, unit)] + [-1], np.int64)
+            steps = np.flatnonzero(sched.units == unit)
+            pcs = sched.pcs[steps]
+            if direction is FORWARD:  # right after its last instruction at a line
+                return steps[lines[pcs + 1] != lines[pcs]] + 1
+            return steps[(pcs == 0) | (lines[pcs - 1] != lines[pcs])]  # right before its first one
+
+        return self.walk(direction, line_edges, unit)
+
+    def _take(self, unit: int, direction: Direction, single_thread: bool) -> None:
+        """Check `unit` for a step of its own; with `single_thread`, make it take the next step forward."""
+        if not 0 < unit < len(self.tl.unit_names):
+            raise RewindError(f"no unit {unit}: the chip's units are 0..{len(self.tl.unit_names) - 1}")
+        if single_thread and direction is FORWARD:
+            self._force(unit)
 
     def _force(self, unit: int) -> None:
         """Make `unit` take the next step of the current node: its interleaving is rewritten from here."""
@@ -325,9 +358,15 @@ class InstructionCursor:
 
     # -- data breakpoints on a chip's elements ---------------------------------------------------------------
     def watches(self, value: str) -> bool:
-        """Does the chip record the writes of `value` element by element (a kernel's tensor, `out_ptr[3]`)?"""
+        """Does the chip record the writes of `value` element by element (a kernel's tensor, `out_ptr[3]`; an index
+        that names no element of one too: its breakpoint says why it is not verified)?"""
         writes = getattr(self.driver, "element_writes", None)
-        return writes is not None and any(writes(n.index, value) is not None for n in self.tl.program.nodes)
+        if writes is None:
+            return False
+        try:
+            return any(writes(n.index, value) is not None for n in self.tl.program.nodes)
+        except RewindError:
+            return True
 
     def set_element_breakpoints(self, specs: Iterable) -> list[Breakpoint]:
         """Replace the element data breakpoints (DataSpecs whose value `watches` says the chip records)."""
@@ -337,9 +376,29 @@ class InstructionCursor:
             self.table.validate(bp)
             if bp.condition:
                 bp.verified, bp.message = False, "a data breakpoint on a kernel's elements takes a hit condition only"
+            try:
+                for node in self.tl.program.nodes:
+                    self.driver.element_writes(node.index, bp.spec)
+            except RewindError as exc:
+                bp.verified, bp.message = False, str(exc)
             out.append(bp)
         self.element_bps = out
         return out
+
+    def locate_elements(self, name: str) -> dict | None:
+        """`locate` of a tensor of the chip's own code or one element of it (`out_ptr[37]`), on a chip that records
+        its accesses element by element (a kernel's): where it lives and what the units did to it before the
+        position (in the node at or before it); None when `name` names none."""
+        found = getattr(self.driver, "locate_elements", None)
+        if found is None:
+            return None
+        tl = self.tl
+        ticks = tl.node_tick
+        node = max((i for i, t in enumerate(ticks) if t <= tl.position), key=lambda i: ticks[i], default=0)
+        tick = ticks[node]
+        self._ensure_run(tick)
+        steps = self.step if tick == tl.position else (None if tick < tl.position else 0)
+        return found(node, name, steps)
 
     def _element_hits(self, node: int) -> dict[int, list[tuple[ElementBreakpoint, str]]]:
         """Positions right after a step that writes a watched element, by the breakpoints whose hit it is."""
@@ -557,7 +616,7 @@ def _hits(bp: InstructionBreakpoint, sched: NodeSchedule) -> list[int]:
     return [int(s) for i, s in enumerate(steps) if bp.accepts_hits(i + 1)]
 
 
-def _every(sched: NodeSchedule | None) -> np.ndarray:
+def _every(tick: Tick, sched: NodeSchedule | None) -> np.ndarray:
     return np.arange(1 if sched is None else sched.positions + 1)
 
 

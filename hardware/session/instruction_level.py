@@ -68,6 +68,11 @@ class InstructionLevel:
     def set_element_breakpoints(self, specs: Iterable) -> list[Breakpoint]:
         return self._cursor().set_element_breakpoints(specs)
 
+    def locate_elements(self, name: str) -> dict | None:
+        """`locate` of a tensor of the chip's own code or one element of it (`out_ptr[37]`), with what the units did
+        to it before the position; None when `name` names none (or the chip records no accesses)."""
+        return self.cursor.locate_elements(name) if self.cursor is not None else None
+
     def set_instruction_breakpoints(self, specs: Iterable[InstructionSpec]) -> list[Breakpoint]:
         """Replace the instruction breakpoints."""
         return self._cursor().set_breakpoints(specs)

@@ -27,6 +27,7 @@ from hardware.line_executions import LineExecutions
 from hardware.program import Frame
 from hardware.session.breakpoints import BreakpointTable
 from hardware.session.exception_filters import ExceptionFilters
+from hardware.session.fast_forward import FastForward
 from hardware.session.instruction_level import InstructionLevel
 from hardware.session.state import SessionState, after_write
 from hardware.ticks import Direction, Stop, Tick
@@ -76,15 +77,21 @@ class Motion:
         inside a line to where it began, from where it began to where the line before it in the same function began,
         and from a function's first line to its call line. `instruction`: one node; on a chip whose nodes run as
         instruction streams, one step of the node's interleaving: of any unit, of `unit` (the others run as
-        recorded), or of `unit` alone (`single_thread`). Breakpoints met on the way stop a step early, as in gdb."""
+        recorded), or of `unit` alone (`single_thread`). On a unit whose instructions have lines of their own (a
+        kernel's program), `statement` over or in is a line of that code: the unit to the next line it executes, or
+        back to where the line began (InstructionCursor.step_line); the `host` thread steps lines of the Program.
+        Breakpoints met on the way stop a step early, as in gdb."""
         if granularity not in GRANULARITIES:
             raise RewindError(f"unknown stepping granularity '{granularity}': statement (a line of source, the "
                               "default), line (the same) or instruction (one node; one chip instruction on a chip "
                               "whose nodes run as instruction streams)")
         tl = self.tl
         start = tl.position
-        if granularity == "instruction" and self.instructions.cursor is not None:
-            return self.instructions.cursor.step_instruction(direction, unit, single_thread)
+        cursor = self.instructions.cursor
+        if granularity == "instruction" and cursor is not None:
+            return cursor.step_instruction(direction, unit, single_thread)
+        if kind != "out" and unit and cursor is not None and cursor.steps_lines(unit):  # a kernel program's lines
+            return cursor.step_line(direction, unit, single_thread)
         if self.instructions.cursor is None and self.state.stopped_after_write():
             return self._from_writer(direction, kind)
         if granularity == "instruction" and kind != "out":  # one node
@@ -258,6 +265,7 @@ class Motion:
         tl = self.tl
         if not 0 <= tick <= tl.end:
             raise RewindError(f"tick {tick} is outside the program (0..{tl.end})")
+        tl.run_ahead(tick)  # nothing stops a goto on its way
         tl.seek(tick)
         self.state.on_event(Invalidated())
         return self.stopped(self._end_or(Stop("goto", tick, description or f"tick {tick}")))
@@ -301,6 +309,7 @@ class Motion:
         self.exceptions.start_scan()
         # Breakpoints change only between motions: a scan with none set asks none of them at each position.
         holding = breakpoints and bool(self.breakpoints.verified())
+        fast = FastForward(self.state, self.breakpoints, self.exceptions, self.instructions, holding)
         while True:
             if step > 0 and q >= tl.end:
                 stop = self.exceptions.late_stop(settle=True) or Stop("end", tl.end, "end of program")
@@ -318,7 +327,7 @@ class Motion:
             first = False
             q += step
             if step > 0 and q > tl.frontier:
-                tl.seek(q)  # executes the step and records it
+                fast.ahead(q)  # executes the step (and those after it no stop can come before) and records it
             stop = stop_at(q)
             if stop is None and breakpoints:
                 stop = (holding and self.breakpoints.stop_at(q, direction)) or self.exceptions.stop_at(q, direction)
@@ -328,6 +337,7 @@ class Motion:
             if late is not None and (stop is None or late.tick < stop.tick):
                 stop, q = late, late.tick
             if stop is not None:
+                fast.settle(q)
                 tl.seek(q)
                 return self.stopped(self._end_or(stop))
             if q % 64 == 0:

@@ -151,7 +151,7 @@ class Session:
             tiers = HostTier(int(o.host_mb * 2**20), disk)
         return Timeline(program, driver, budget=int(o.budget_mb * 2**20), every=o.every,
                         on_nondeterminism=self._report_nondeterminism, tiers=tiers, archive=archive,
-                        check_batch=o.check_batch, device_pool=o.device_pool)
+                        check_batch=o.check_batch, device_pool=o.device_pool, fast_forward=o.fast_forward)
 
     def save_trace(self, path: str, overwrite: bool = False) -> dict:
         """Write the whole recorded run to `path` (values evicted from the ring are recomputed). The file
@@ -455,6 +455,12 @@ class Session:
     def locate(self, name: str) -> Placement:
         """Where a value lives now; for a trace, where it lived when the recorded run wrote it."""
         return self.inspection.locate(name)
+
+    def locate_elements(self, name: str) -> dict | None:
+        """On a chip that records its accesses element by element (a kernel's, docs/kernels.md): where a tensor of
+        its code or one element of it (`out_ptr[37]`) lives, and which units wrote and read it before the position;
+        None when `name` names none of its tensors."""
+        return self.instructions.locate_elements(name)
 
     def provenance(self, name: str, max_history: int = 64) -> dict:
         """Who wrote a value (last writer before the position), its write history, and its lineage."""

@@ -35,6 +35,7 @@ class LaunchOptions:
     spill_dir: str | None = None
     check_batch: int | None = None  # writes whose on-device checks are read back together; None: the driver's
     device_pool: bool | None = None  # copy checkpoints into a preallocated device pool; None: on a GPU
+    fast_forward: bool = True  # motions run stretches no stop can come in keeping only what checkpoints need
     record: str | None = None  # record continuously to this trace file
     overwrite: bool = False  # record: replace an existing file at `record` (when the recording is closed)
     trace: str | None = None  # open this trace instead of running a program
@@ -59,7 +60,7 @@ class LaunchOptions:
         """How the checkpoint ring is kept besides its budget: what a session of many ranks hands every rank's
         Session with the budget (hardware/ranks/coordinator.py), so each rank's ring is kept as one session's is."""
         return {"every": self.every, "host_mb": self.host_mb, "disk_mb": self.disk_mb, "spill_dir": self.spill_dir,
-                "check_batch": self.check_batch, "device_pool": self.device_pool}
+                "check_batch": self.check_batch, "device_pool": self.device_pool, "fast_forward": self.fast_forward}
 
 
 def after_write(stop: Stop) -> bool:

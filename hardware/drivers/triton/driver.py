@@ -10,7 +10,7 @@ left them there, and replays the Schedule from it; the run is checked against th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -18,6 +18,7 @@ import torch
 
 from hardware import tensor_checks, torch_tensors
 from hardware.driver import Chip, Driver, MemorySpace, Unit, WriteStats
+from hardware.drivers.triton import elements
 from hardware.drivers.triton.launch import KernelLaunch
 from hardware.drivers.triton.memory import GLOBAL_BASE, KernelMemory, layout
 from hardware.drivers.triton.run import Edit, ProgramRun, RunLog
@@ -239,21 +240,38 @@ class TritonDriver(TensorBytes, Driver, InstructionDriver):
     def element_writes(self, node: int, watched: str) -> list[tuple[int, str]] | None:
         """The steps whose stores or atomics write `watched` (a tensor by parameter or value name, or one element of
         it: `out_ptr[37]`, a flat index), with what each wrote there; None when it names no tensor of the launch."""
-        name, _, index = watched.partition("[")
-        param = name.strip().removesuffix(AFTER)
-        if param not in {t.param for t in self.memory.tensors}:
+        w = elements.watched(self.memory, watched, AFTER)  # an index that is no element: refused in words
+        if w is None:
             return None
-        element = int(index.rstrip("] ")) if index else None
-        t = self._index(param)
+        t, element = self.memory.tensors[w.tensor], w.element
         out = []
         for acc in self.record.log.accesses if self.record else ():
-            if acc.tensor != t or acc.kind == "load":
+            if acc.tensor != w.tensor or acc.kind == "load":
                 continue
             hit = np.flatnonzero(acc.elements == element) if element is not None else np.arange(min(1, len(acc.elements)))
             if len(hit):
                 e = int(acc.elements[hit[0]])
-                out.append((acc.step, f"{param}[{e}] = {acc.values[hit[0]]!r}"))
+                out.append((acc.step, f"{t.param}[{e}] = {elements.shown(elements.number(t, acc.values[hit[0]]))}"))
         return out
+
+    def locate_elements(self, node: int, watched: str, steps: int | None) -> dict | None:
+        """`locate` of a tensor of the launch or one element of it (`out_ptr[37]`) after `steps` steps (None: the
+        whole launch): its place in `global` and what the recorded accesses did to it (elements.py); None when
+        `watched` names no tensor of the launch."""
+        w = elements.watched(self.memory, watched, AFTER)
+        if w is None:
+            return None
+        record = self.record
+        steps = record.steps if steps is None else min(steps, record.steps)
+        story = elements.tensor_story if w.element is None else elements.element_story
+        found = story(self.launch, self.memory, record.log.accesses, w, steps, record.steps)
+        t = self.memory.tensors[w.tensor]
+        whole = self.locate_value(w.name, t.tensor)
+        shard = whole if w.element is None else replace(
+            whole, address=found["address"], nbytes=found["nbytes"], shape=(), strides=(),
+            elements=tuple((int(i), int(i) + 1) for i in found["index"]))
+        value = w.name if self.program is not None and w.name in self.program.values else t.param
+        return {"value": value, "shards": [shard.to_dict()], "kernel": found}
 
     def code_address(self, unit: int, pc: int) -> int:
         return CODE_BASE + (unit << UNIT_SHIFT) + 4 * pc

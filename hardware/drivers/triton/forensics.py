@@ -1,5 +1,5 @@
-"""Forensics of a kernel launch: its outputs against the file's `reference()`, the wrong elements, the program and
-kernel line where they first went wrong, and the kernel patterns the recorded run shows.
+"""Forensics of a kernel launch: its outputs against the file's `reference()` (or a torch op, against.py), the wrong
+elements, the program and kernel line where they first went wrong, and the kernel patterns the recorded run shows.
 
 Everything comes from the launch's recorded run (driver.py): which program stored each element at which line and
 step, what every load read, where padding lanes were counted, and the checks' findings. Patterns, most telling
@@ -16,13 +16,25 @@ from typing import Any
 import numpy as np
 import torch
 
+from hardware.drivers.triton.against import AgainstError, AgainstOp
 from hardware.drivers.triton.driver import TritonDriver
 from hardware.drivers.triton.launch import OpsSeen
 from hardware.errors import RewindError, raised_in_user_code
 from hardware.instructions import StepFinding
 
-RTOL, ATOL = 1e-4, 1e-5  # float32 kernels against a float64 reference
+FLOAT32 = (1e-4, 1e-5)  # rtol, atol of a float32 output against a float64 reference
+# A 16-bit output: ten machine epsilons relative (2**-10 for float16, 2**-7 for bfloat16) and one absolute, looser
+# than torch.testing's (1e-3, 1e-5) and (1.6e-2, 1e-5), which allow one rounding of the result: a kernel rounds
+# its loads, its accumulators and its store to 16 bits, and a value near zero after a cancellation keeps the
+# rounding error of the unit-scale values it came from.
+TOLERANCES = {torch.float16: (1e-2, 1e-3), torch.bfloat16: (8e-2, 8e-3)}
+REFERENCE = "reference()"
 SHOWN = 8
+
+
+def tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """The rtol and atol an output of `dtype` is held to."""
+    return TOLERANCES.get(dtype, FLOAT32)
 
 
 @dataclass
@@ -44,6 +56,7 @@ class KernelReport:
     file: str
     programs: int
     checked: bool  # a reference was there to compare with
+    against: str | None = None  # what it was compared with: reference(), or the op's call (torch.softmax(x_ptr))
     wrong: dict[str, dict] = field(default_factory=dict)  # output -> count, elements, worst error
     first: dict | None = None  # the first store that went wrong: program, line, step, tensor, elements
     patterns: list[Pattern] = field(default_factory=list)
@@ -61,7 +74,8 @@ class KernelReport:
 
     def headline(self) -> str:
         if self.clean:
-            return (f"{self.kernel}: every output matches the reference and no check fired ({self.programs} "
+            said = "the reference" if self.against == REFERENCE else self.against
+            return (f"{self.kernel}: every output matches {said} and no check fired ({self.programs} "
                     "programs)" if self.checked else f"{self.kernel}: no check fired ({self.programs} programs)")
         count = sum(w["count"] for w in self.wrong.values())
         said = f"{count} wrong output element(s); " if count else ""
@@ -71,17 +85,26 @@ class KernelReport:
 
     def to_dict(self) -> dict:
         return {"kernel": self.kernel, "file": self.file, "programs": self.programs, "checked": self.checked,
-                "headline": self.headline(), "line": self.line, "clean": self.clean, "wrong": self.wrong,
-                "first": self.first, "patterns": [p.to_dict() for p in self.patterns]}
+                "against": self.against, "headline": self.headline(), "line": self.line, "clean": self.clean,
+                "wrong": self.wrong, "first": self.first, "patterns": [p.to_dict() for p in self.patterns]}
 
 
-def expected_outputs(driver: TritonDriver) -> dict[str, torch.Tensor] | None:
-    """The file's reference(*args, **kwargs) for the tensors the kernel writes (in parameter order), or None."""
+def expected_outputs(driver: TritonDriver, against: AgainstOp | None = None) -> dict[str, torch.Tensor] | None:
+    """The expected values of the tensors the kernel writes (in parameter order): the op `against` on the launch's
+    arguments in float64, else the file's reference(*args, **kwargs), else None."""
     launch = driver.launch
+    if against is not None:
+        arguments = {a.name: _given(a.value, float64=True) for a in launch.arguments}
+        said = against.call(inputs(driver))
+        with OpsSeen() as seen:
+            result = against.results(launch.name, arguments, inputs(driver),
+                                     lambda found: _matched(driver, found, said, AgainstError))
+        driver.reference_ops = seen.ops
+        return _matched(driver, result, said, AgainstError)
     reference = launch.reference()
     if reference is None:
         return None
-    values = [a.value.clone() if isinstance(a.value, torch.Tensor) else a.value for a in launch.arguments]
+    values = [_given(a.value, float64=launch.cast is not None) for a in launch.arguments]
     positional = [v for a, v in zip(launch.arguments, values) if not a.constexpr]
     named = {a.name: v for a, v in zip(launch.arguments, values) if a.constexpr}
     try:
@@ -91,27 +114,50 @@ def expected_outputs(driver: TritonDriver) -> dict[str, torch.Tensor] | None:
     except Exception as exc:
         raise RewindError(f"reference() in {launch.file.name} failed: {raised_in_user_code(exc, launch.file)}") \
             from None
-    result = (result,) if isinstance(result, torch.Tensor) else tuple(result)
+    return _matched(driver, result, f"reference() in {launch.file.name}", RewindError)
+
+
+def inputs(driver: TritonDriver) -> list[str]:
+    """The tensors the kernel only reads, in parameter order."""
+    written = driver.written()
+    return [a.name for a in driver.launch.tensors if a.name not in written]
+
+
+def _given(value: Any, float64: bool) -> Any:
+    """An argument as the reference or the op is given it: a copy, floating tensors in float64 if `float64` (an op
+    always; reference() in a dtype case, from the cast tensors)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    return value.detach().double() if float64 and value.is_floating_point() else value.clone()
+
+
+def _matched(driver: TritonDriver, result: Any, source: str, error: type[RewindError]) -> dict[str, torch.Tensor]:
+    """`source`'s result (one tensor, or a tuple of them) as the expected value of each tensor the kernel writes
+    (`error`: what a result that does not fit raises)."""
+    result = tuple(result) if isinstance(result, (tuple, list)) else (result,)
     written = driver.written()
     if len(result) != len(written):
-        raise RewindError(f"reference() in {launch.file.name} returns {len(result)} tensor(s); the kernel writes "
-                          f"{len(written)} ({', '.join(written)})")
+        raise error(f"{source} returns {len(result)} value(s); the kernel writes {len(written)} tensor(s) "
+                    f"({', '.join(written)})")
     out = {}
     for name, tensor in zip(written, result):
         have = driver.tensor_at_end(name)
-        if not isinstance(tensor, torch.Tensor) or tensor.numel() != have.numel():
-            raise RewindError(f"reference() in {launch.file.name} gives {name} a value of another size than the "
-                              f"kernel's {list(have.shape)}")
+        if not isinstance(tensor, torch.Tensor):
+            raise error(f"{source} gives {name} a {type(tensor).__name__}, not a tensor")
+        if tensor.numel() != have.numel():
+            raise error(f"{source} gives {name} a value of shape {list(tensor.shape)}; the kernel's {name} "
+                        f"is {list(have.shape)}")
         out[name] = tensor.detach().reshape(have.shape)
     return out
 
 
-def investigate(driver: TritonDriver) -> KernelReport:
-    launch, record = driver.launch, driver.record
+def investigate(driver: TritonDriver, against: AgainstOp | None = None) -> KernelReport:
+    launch = driver.launch
     report = KernelReport(launch.name, str(launch.file), launch.programs, False)
-    expected = expected_outputs(driver)
+    expected = expected_outputs(driver, against)
     if expected is not None:
         report.checked = True
+        report.against = REFERENCE if against is None else against.call(inputs(driver))
         for name, want in expected.items():
             wrong = _wrong(driver.tensor_at_end(name), want)
             if wrong is not None:
@@ -139,9 +185,10 @@ def divergence(driver: TritonDriver) -> StepFinding | None:
 
 
 def _wrong(have: torch.Tensor, want: torch.Tensor) -> dict | None:
+    rtol, atol = tolerance(have.dtype)
     have64, want64 = have.double().reshape(-1), want.double().reshape(-1)
     err = (have64 - want64).abs()
-    bad = (err > ATOL + RTOL * want64.abs()) | (have64.isnan() != want64.isnan())
+    bad = (err > atol + rtol * want64.abs()) | (have64.isnan() != want64.isnan())
     bad &= ~(have64.isnan() & want64.isnan())
     if not bad.any():
         return None
@@ -164,13 +211,22 @@ def _first_wrong_store(driver: TritonDriver, expected: dict[str, torch.Tensor], 
     for acc in driver.record.log.accesses:
         if acc.kind == "load" or acc.tensor not in want:
             continue
+        dtype = memory.tensors[acc.tensor].tensor.dtype
+        rtol, atol = tolerance(dtype)
         w = want[acc.tensor][acc.elements]
-        v = acc.values.astype(np.float64)
-        bad = ~(np.abs(v - w) <= ATOL + RTOL * np.abs(w)) & (last[acc.tensor][acc.elements] == acc.step)
+        v = _float64(acc.values, dtype)
+        bad = ~(np.abs(v - w) <= atol + rtol * np.abs(w)) & (last[acc.tensor][acc.elements] == acc.step)
         if bad.any():
             return {"program": driver.launch.program_name(acc.unit), "unit": acc.unit, "line": acc.line, "step": acc.step,
                     "tensor": names[acc.tensor], "elements": [int(e) for e in acc.elements[bad][:SHOWN]]}
     return None
+
+
+def _float64(values: np.ndarray, dtype: torch.dtype) -> np.ndarray:
+    """Recorded values as float64 (bfloat16 is recorded as its 16-bit words: the high half of a float32)."""
+    if dtype == torch.bfloat16:
+        return (values.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return values.astype(np.float64)
 
 
 def _patterns(driver: TritonDriver, report: KernelReport) -> list[Pattern]:

@@ -46,6 +46,24 @@ def interpreter() -> ModuleType:
     return found
 
 
+def interpreter_refuses(dtype: torch.dtype) -> str | None:
+    """Why the Triton interpreter cannot compute in `dtype`, in words (None: it can). Asked of the interpreter
+    itself: 1.5 + 2.25 and 1.5 * 2.25 are exact in float16 and bfloat16 and must come out so (numpy has no
+    bfloat16: Triton 3.9 keeps it as 16-bit integer words, and adds and multiplies those as integers)."""
+    interp = interpreter()
+    kind = {torch.float16: interp.tl.float16, torch.bfloat16: interp.tl.bfloat16}[dtype]
+    b = interp.interpreter_builder
+    a, c = (b.create_fp_trunc(b.get_fp32(v), kind) for v in (1.5, 2.25))
+    with np.errstate(all="ignore"):
+        got = [float(b.create_fp_ext(op(a, c), interp.tl.float32).data[0]) for op in (b.create_fadd, b.create_fmul)]
+    if got == [3.75, 3.375]:
+        return None
+    name = str(dtype).removeprefix("torch.")
+    return (f"the Triton interpreter does not compute in {name}: it keeps {name} values as numpy {a.data.dtype} "
+            f"words, and 1.5 + 2.25 in {name} comes out {got[0]:g} under it (1.5 * 2.25: {got[1]:g}), so a run "
+            f"would not say what the kernel computes in {name}")
+
+
 def _compiled_triton() -> bool:
     standard = sys.modules.get("triton.language.standard")
     return standard is not None and type(standard._sum_combine).__name__ != "InterpretedFunction"
@@ -115,6 +133,7 @@ class KernelLaunch:
         self._indices: dict[int, tuple[int, int, int]] = {}  # unit -> its grid index
         self.entry_ops: set[str] = set()  # the torch ops kernel() computed with (making the kernel's inputs)
         self.entry_lines: dict[str, int] = {}  # and the line of the file each was first called from
+        self.cast: torch.dtype | None = None  # the dtype the float32 tensors were cast to (cast_inputs)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, sizes: dict[str, int] | None = None) -> "KernelLaunch":
@@ -163,6 +182,15 @@ class KernelLaunch:
         for a in self.arguments:
             if isinstance(a.value, torch.Tensor) and a.value.is_floating_point():
                 a.value = a.value * factor
+
+    def cast_inputs(self, dtype: torch.dtype) -> int:
+        """Every float32 tensor argument as `dtype` (the coverage suite's dtype cases); how many there were. The
+        reference is then given the cast tensors in float64 (forensics.py)."""
+        cast = [a for a in self.arguments if isinstance(a.value, torch.Tensor) and a.value.dtype == torch.float32]
+        for a in cast:
+            a.value = a.value.to(dtype)
+        self.cast = dtype if cast else None
+        return len(cast)
 
     def reference(self) -> Callable | None:
         found = getattr(self.module, "reference", None)
