@@ -2,7 +2,7 @@
 each a fresh process, side by side in one run, against the model's weights.
 
     python benchmarks/scale.py               # GPT-2 small (124M, its real configuration), 128 tokens
-    python benchmarks/scale.py --llama-1b    # also the ~1.1B LLaMA-shaped model (needs well over 24 GiB today)
+    python benchmarks/scale.py --llama-1b    # also the ~1.1B LLaMA-shaped model (about 7 GiB at its peak)
 
 Peak memory is each process's maximum resident set (os.wait4's rusage), torch's own runtime included; the weights
 are the model's parameters and buffers in bytes. Targets: forensics <= 3x the weights' memory.

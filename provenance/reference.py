@@ -28,7 +28,7 @@ from checkpoint.recording import open_trace
 from checkpoint.safe_files import atomic_write, check_target
 from checkpoint.timeline import Timeline
 from checkpoint.trace import MAGIC
-from hardware.driver import to_host
+from hardware.driver import HostValues, capabilities, cast, to_host
 from hardware.drivers import open_driver, trace_driver
 from hardware.errors import DriverError, RewindError
 from hardware.program import Node, Program, ValueInfo, renamed_refs
@@ -51,6 +51,11 @@ class Reference:
         self._value_of = value_of
         self._timeline = timeline  # the pass's own, where it ran or was recorded (saved values have none)
         self.collectives: Collectives | None = None  # how its pass runs a collective node (open_reference)
+
+    @property
+    def timeline(self) -> Timeline | None:
+        """The pass's own Timeline (None for saved values)."""
+        return self._timeline
 
     def births(self) -> list[Birth] | None:
         """The reference pass's NaN/Inf births (provenance/births.py); None for saved values, which keep no pass."""
@@ -169,7 +174,10 @@ def _timeline_reference(spec: str, program: Program, timeline: Timeline) -> Refe
         position = 0 if info is not None and info.producer is None else timeline.end
         if timeline.version_at(name, position) is None:
             return None
-        return to_host(timeline.driver, timeline.value(name, position))
+        tensor = timeline.value(name, position)
+        if position == 0 and info is not None and HostValues in capabilities(timeline.driver):  # a wider pass widens the Program's tensors where nodes read them
+            tensor = cast(timeline.driver, tensor, info.dtype)
+        return to_host(timeline.driver, tensor)
 
     return Reference(spec, program, value_of, timeline)
 

@@ -54,7 +54,7 @@ def test_stepping_back_restores_every_live_value_bit_for_bit(driver):
         assert set(tl.live()) == set(seen[position])
         for name, tensor in seen[position].items():
             assert torch.equal(tl.value(name), tensor), (position, name)
-    assert tl.ring.evictions > 0 and not tl.nondeterminism
+    assert tl.ring.evictions + tl.recomputed > 0 and not tl.nondeterminism  # values were let go, or never kept
 
 
 def test_stepping_back_inside_a_node_restores_chip_memory_bit_for_bit():

@@ -5,11 +5,12 @@ import torch
 
 from checkpoint.branch import PrecisionPatch
 from hardware.drivers import open_driver
+from hardware.drivers.torch import TorchDriver
 from hardware.errors import DriverError, RewindError
 from hardware.session import Direction, LaunchOptions, Session
 from provenance.ablation import ablate, search
 from provenance.reference import save_values
-from tests.conftest import EXAMPLES, open_session, program
+from tests.conftest import EXAMPLES, MODELS, open_session, program
 from tests.forensics_cases import CLEAN, FORENSICS, PLANTED, ids
 
 NONFINITE = [c for c in PLANTED if c.nonfinite]
@@ -105,6 +106,26 @@ def test_reference_pass_runs_in_float64_and_makes_casts_down_no_ops():
     assert ref.value("_to_copy_1").dtype == torch.float64  # declared float16
     assert torch.equal(ref.value("_to_copy_1"), ref.value("softmax"))
     assert ref.value("p_qk_weight").dtype == torch.float64
+
+
+def test_the_float64_reference_holds_no_widened_copy_of_the_weights_and_each_pass_shares_the_programs():
+    """The weights are the Program's tensors in every pass (nothing writes them); the float64 pass widens a weight
+    where a node reads it, and its reference still reads it as float64."""
+    session = open_session(FORENSICS / "mixed_precision.py")
+    ref = session.forensics.reference
+    weight = session.program.initial["p_qk_weight"]
+    for store in (session.tl.store, ref.timeline.store):
+        held = store.initial["p_qk_weight"]
+        assert held.dtype == weight.dtype and held.untyped_storage().data_ptr() == weight.untyped_storage().data_ptr()
+    assert ref.value("p_qk_weight").dtype == torch.float64
+
+
+def test_a_training_runs_parameters_are_the_drivers_own_copies():
+    from hardware.frontends.torch_train import load_program as load_training
+    program = load_training(MODELS / "training" / "mlp_sgd.py", "train_step", 2)
+    loaded = TorchDriver.from_spec("torch:cpu").load(program)
+    for buffer in program.buffer_mutations.values():
+        assert loaded[buffer].untyped_storage().data_ptr() != program.initial[buffer].untyped_storage().data_ptr()
 
 
 def test_reference_driver_spec_names_its_precision_and_refuses_others():

@@ -100,9 +100,17 @@ class TorchDriver(TensorBytes, Driver):
             if bound:
                 self._report(f"{self.name} runs the bitcast(s) {', '.join(bound)} at the program's own dtypes: "
                              "a bitcast depends on the element width")
-            return {name: torch_tensors.widen(t.to(self.device), self.compute).clone()
-                    for name, t in program.initial.items()}
-        return {name: t.to(self.device).clone() for name, t in program.initial.items()}
+        # The Program's tensors are shared, not copied: nothing writes into them but a mutated buffer's memory, which
+        # is the driver's own copy (a training run's parameters). A wider pass widens each tensor where a node reads
+        # it (run_widened), so a float64 reference holds no float64 copy of the weights, only each node's inputs.
+        written = set(program.buffer_mutations.values())
+        return {name: self._loaded(t, name in written) for name, t in program.initial.items()}
+
+    def _loaded(self, tensor: torch.Tensor, written: bool) -> torch.Tensor:
+        tensor = tensor.to(self.device)
+        if not written:
+            return tensor
+        return (torch_tensors.widen(tensor, self.compute) if self.compute is not None else tensor).clone()
 
     def execute(self, node: Node, args: tuple, kwargs: dict) -> list[Any]:
         if self.watch is not None and self.watch.watches(node.op):
