@@ -59,8 +59,9 @@ class CheckpointOptions(StrictArguments):
     checkBatch: int | None = Field(None, ge=1)  # writes whose on-device checks are read back together
     devicePool: bool | None = None  # copy checkpoints into a preallocated device pool (default: on a GPU)
     # run the stretches of a motion where no stop can come keeping only the write log and what checkpoints need,
-    # other values recomputed when asked (hardware/session/fast_forward.py); false: every value retained as it runs
-    fastForward: bool = True
+    # other values recomputed when asked (hardware/session/fast_forward.py); false: every value retained as it runs;
+    # default: for an inference pass, not for training steps
+    fastForward: bool | None = None
 
 
 # Attributes every VS Code launch configuration may carry; they mean nothing to the adapter.

@@ -26,7 +26,7 @@ def rows(session: Session) -> list[list]:
     return [[repr(field) for i, field in enumerate(log.row(r)) if i != ADDRESS] for r in range(len(log))]  # nan == nan
 
 
-def launched(fast: bool, path=GPT, **options) -> Session:
+def launched(fast: bool | None, path=GPT, **options) -> Session:
     session = Session(None)
     session.launch(LaunchOptions(str(path), driver="torch:cpu", stop_on_entry=True, fast_forward=fast, **options))
     session.start()
@@ -144,6 +144,18 @@ def test_a_training_run_fast_forwarded_updates_the_same_parameters_bit_for_bit()
     finally:
         fast.close()
         slow.close()
+
+
+def test_an_inference_pass_fast_forwards_by_default_and_training_steps_keep_every_value():
+    inference = launched(None)
+    training_run = Session(None)
+    training_run.launch(LaunchOptions(str(LATE_NAN), entry="train_step", steps=3, driver="torch:cpu"),
+                        program=training(LATE_NAN, 3))
+    try:
+        assert inference.tl.fast_forward and not training_run.tl.fast_forward
+    finally:
+        inference.close()
+        training_run.close()
 
 
 def test_ranks_fast_forwarded_reach_the_same_values_as_ranks_run_node_by_node(launcher):
