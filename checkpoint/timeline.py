@@ -23,7 +23,8 @@ from checkpoint.steps import Edit, Step, edit_frame
 from checkpoint.tiers import HostTier
 from checkpoint.trace import TraceWriter
 from checkpoint.versions import INITIAL, Archive, CheckpointInfo, Lookup, Tier, VersionStore, held_bytes
-from hardware.driver import Driver, WriteStats, cast, forget, mark, seconds_between, write_extent
+from hardware.driver import Driver, HostValues, WriteStats, capabilities, cast, forget, mark, seconds_between, \
+    write_extent
 from hardware.driver import check_batch as driver_check_batch
 from hardware.errors import RewindError
 from hardware.program import Node, Program
@@ -292,6 +293,12 @@ class Timeline:
         if self.patches and patch is None:  # a patched producer may have written another dtype
             given = value_of
             value_of = lambda n: cast(self.driver, given(n), self.program.values[n].dtype)  # noqa: E731
+        elif patch is not None and HostValues in capabilities(self.driver):
+            # The Program's own tensors at the pass's precision (a wider pass widens them where its nodes read them):
+            # a patch runs outside the driver's nodes and gets them as a node does.
+            given, initial = value_of, self.program.initial
+            value_of = lambda n: cast(self.driver, given(n), self.program.values[n].dtype) if n in initial \
+                else given(n)  # noqa: E731
         args, kwargs = node.bind(value_of)
         try:
             if patch is None:

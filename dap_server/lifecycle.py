@@ -60,8 +60,8 @@ class CheckpointOptions(StrictArguments):
     devicePool: bool | None = None  # copy checkpoints into a preallocated device pool (default: on a GPU)
     # run the stretches of a motion where no stop can come keeping only the write log and what checkpoints need,
     # other values recomputed when asked (hardware/session/fast_forward.py); false: every value retained as it runs;
-    # default: for an inference pass, not for training steps
-    fastForward: bool | None = None
+    # default false: see docs/fast-forward.md
+    fastForward: bool = False
 
 
 # Attributes every VS Code launch configuration may carry; they mean nothing to the adapter.

@@ -28,7 +28,8 @@ def rows(session: Session) -> list[list]:
 
 def launched(fast: bool | None, path=GPT, **options) -> Session:
     session = Session(None)
-    session.launch(LaunchOptions(str(path), driver="torch:cpu", stop_on_entry=True, fast_forward=fast, **options))
+    chosen = {} if fast is None else {"fast_forward": fast}
+    session.launch(LaunchOptions(str(path), driver="torch:cpu", stop_on_entry=True, **chosen, **options))
     session.start()
     return session
 
@@ -146,20 +147,17 @@ def test_a_training_run_fast_forwarded_updates_the_same_parameters_bit_for_bit()
         slow.close()
 
 
-def test_an_inference_pass_fast_forwards_by_default_and_training_steps_keep_every_value():
-    inference = launched(None)
-    training_run = Session(None)
-    training_run.launch(LaunchOptions(str(LATE_NAN), entry="train_step", steps=3, driver="torch:cpu"),
-                        program=training(LATE_NAN, 3))
+def test_a_launch_fast_forwards_only_when_it_asks():
+    plain, asked = launched(None), launched(True)
     try:
-        assert inference.tl.fast_forward and not training_run.tl.fast_forward
+        assert asked.tl.fast_forward and not plain.tl.fast_forward
     finally:
-        inference.close()
-        training_run.close()
+        plain.close()
+        asked.close()
 
 
 def test_ranks_fast_forwarded_reach_the_same_values_as_ranks_run_node_by_node(launcher):
-    with Coordinator(str(TENSOR_PARALLEL), 2, timeout_s=120, launcher=launcher) as fast, \
+    with Coordinator(str(TENSOR_PARALLEL), 2, timeout_s=120, launcher=launcher, ring={"fast_forward": True}) as fast, \
             Coordinator(str(TENSOR_PARALLEL), 2, timeout_s=120, launcher=launcher,
                         ring={"fast_forward": False}) as slow:
         assert fast.run().reason == slow.run().reason == "end"

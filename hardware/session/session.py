@@ -152,7 +152,7 @@ class Session:
         return Timeline(program, driver, budget=int(o.budget_mb * 2**20), every=o.every,
                         on_nondeterminism=self._report_nondeterminism, tiers=tiers, archive=archive,
                         check_batch=o.check_batch, device_pool=o.device_pool,
-                        fast_forward=not program.step_starts if o.fast_forward is None else o.fast_forward)
+                        fast_forward=o.fast_forward)
 
     def save_trace(self, path: str, overwrite: bool = False) -> dict:
         """Write the whole recorded run to `path` (values evicted from the ring are recomputed). The file

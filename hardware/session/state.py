@@ -36,9 +36,8 @@ class LaunchOptions:
     check_batch: int | None = None  # writes whose on-device checks are read back together; None: the driver's
     device_pool: bool | None = None  # copy checkpoints into a preallocated device pool; None: on a GPU
     # motions run stretches no stop can come in keeping only what checkpoints need (hardware/session/fast_forward.py);
-    # None: for an inference pass, not for training steps (a step's parameters recomputed from thinned step-start
-    # checkpoints cost whole steps: benchmarks/RESULTS.md)
-    fast_forward: bool | None = None
+    # off unless asked: a value's address at a tick, and a training step's values, need what it does not keep
+    fast_forward: bool = False
     record: str | None = None  # record continuously to this trace file
     overwrite: bool = False  # record: replace an existing file at `record` (when the recording is closed)
     trace: str | None = None  # open this trace instead of running a program

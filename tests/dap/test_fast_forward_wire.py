@@ -1,4 +1,4 @@
-"""Fast-forward through the wire: a launch runs its motions ahead by default (checkpoint.fastForward), and a
+"""Fast-forward through the wire: a launch asking for it runs its motions ahead (checkpoint.fastForward), and a
 breakpoint, a step back and the values read there are those of a launch that keeps every value as it runs."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _session(schema: SchemaCheck, fast: bool | None) -> tuple[list, list]:
 
 
 def test_a_fast_forwarded_launch_stops_steps_back_and_reads_what_a_launch_keeping_every_value_does(schema):
-    fast, kept = _session(schema, None), _session(schema, False)
+    fast, kept = _session(schema, True), _session(schema, None)
     assert fast == kept
     assert [s[0] for s in fast[0]][:2] == ["breakpoint", "end"]  # the second layer's, then the end
 
