@@ -211,14 +211,19 @@ class Timeline:
         can stop (the caller knows: hardware/session/fast_forward.py). With `fast_forward` each step keeps only its
         write log row (digest, NaN/Inf counts, min/max/sum: the fused checks) and the values later steps read; the
         ring retains the values live at each checkpoint, and any other value is recomputed from the checkpoint
-        before it when asked (checkpoint/versions.py), as rr replays. Without it, as `forward` executes them."""
+        before it when asked (checkpoint/versions.py), as rr replays. Without it, as `forward` executes them (the
+        ring choosing what to keep by each step's distance from the frontier, as it always has)."""
         stop = min(stop, self.end)
         if self.frontier >= stop:
             return
-        retain = not self.fast_forward or self.recorder is not None  # a recording writes every version
+        if not self.fast_forward or self.recorder is not None:  # a recording writes every version
+            here = self.position
+            self.seek(stop)
+            self.seek(here)
+            return
         start = self.frontier
         while self.frontier < stop:
-            self._execute(self.frontier, retain)
+            self._execute(self.frontier, retain=False)
             self.frontier = Tick(self.frontier + 1)
         self.store.ran_ahead(start, stop)
         self.store.sync_buffers(self.position)
