@@ -23,8 +23,8 @@ from checkpoint.steps import Edit, Step, edit_frame
 from checkpoint.tiers import HostTier
 from checkpoint.trace import TraceWriter
 from checkpoint.versions import INITIAL, Archive, CheckpointInfo, Lookup, Tier, VersionStore, held_bytes
-from hardware.driver import Driver, HostValues, WriteStats, capabilities, cast, forget, mark, seconds_between, \
-    write_extent
+from hardware.driver import Driver, HostValues, WriteStats, capabilities, cast, clock, forget, seconds_between, \
+    write_extent_of
 from hardware.driver import check_batch as driver_check_batch
 from hardware.errors import RewindError
 from hardware.program import Node, Program
@@ -104,6 +104,9 @@ class Timeline:
         self.position = Tick(0)
         self.frontier = Tick(0)
         self.chip = driver.describe()
+        # What the driver's capabilities make of a node's marks and of a write's extent, found once: a run asks
+        # for them at every node and every write.
+        self._mark, self._extent = clock(driver), write_extent_of(driver)
         self.unit_names = [u.name for u in self.chip.units]
         self.schedule: list[Step] = [Step(0, n.index) for n in program.nodes]
         self.node_tick: list[Tick] = [Tick(i) for i in range(len(program.nodes))]
@@ -221,10 +224,10 @@ class Timeline:
             self.seek(stop)
             self.seek(here)
             return
-        start = self.frontier
-        while self.frontier < stop:
-            self._execute(self.frontier, retain=False)
-            self.frontier = Tick(self.frontier + 1)
+        start = tick = self.frontier
+        while tick < stop:
+            self._execute(tick, retain=False)
+            tick = self.frontier = Tick(tick + 1)  # a step that fails leaves the frontier before it
         self.store.ran_ahead(start, stop)
         self.store.sync_buffers(self.position)
 
@@ -294,8 +297,9 @@ class Timeline:
 
     def run_node(self, node: Node, value_of: Callable[[str], Any]) -> list[Any]:
         """Run one node on the driver with the inputs `value_of` gives, as this branch runs it."""
-        patch = self.patches.get(node.index)
-        if self.patches and patch is None:  # a patched producer may have written another dtype
+        patches = self.patches
+        patch = patches.get(node.index) if patches else None
+        if patches and patch is None:  # a patched producer may have written another dtype
             given = value_of
             value_of = lambda n: cast(self.driver, given(n), self.program.values[n].dtype)  # noqa: E731
         elif patch is not None and HostValues in capabilities(self.driver):
@@ -340,9 +344,9 @@ class Timeline:
                 return
             plan = self._plans[step.node]
             read: list[Any] = []
-            started = mark(self.driver)
+            started = self._mark()
             outputs = self.run_node(plan.node, store.reader(tick, read))
-            self._started[tick], self._ended[tick] = started, mark(self.driver)
+            self._started[tick], self._ended[tick] = started, self._mark()
             storage = self.driver.storage
             read_storages = {storage(t)[0] for t in read if hasattr(t, "untyped_storage")}
             for (name, buf, read_later), tensor in zip(plan.writes, outputs):
@@ -352,7 +356,7 @@ class Timeline:
                 if buf is not None:
                     memory = store.write_buffer(buf, tick, tensor)
                     row = self._log_write(tick, unit, step.node, buf, KIND_BUFFER,
-                                          write_extent(self.driver, buf, memory, unit), tensor)
+                                          self._extent(buf, memory, unit), tensor)
                     if self.recorder is not None:
                         self.recorder.write(self.log.row(row))
             store.read_last(plan.last_read, tick)
@@ -367,7 +371,7 @@ class Timeline:
                 read_later: bool | None = None, place: tuple[Any, int] | None = None, retain: bool = True) -> None:
         """Log and keep one write (`read_later`, `place`, `retain`: VersionStore.written's, when the caller has
         them)."""
-        row = self._log_write(tick, unit, node, name, kind, write_extent(self.driver, name, tensor, unit), tensor)
+        row = self._log_write(tick, unit, node, name, kind, self._extent(name, tensor, unit), tensor)
         self.store.written(name, tick, tensor, read_later, place, retain)
         if self.recorder is not None:
             self.recorder.write(self.log.row(row))

@@ -352,8 +352,10 @@ class VersionStore:
     def read_last(self, names: Iterable[str], tick: Tick) -> None:
         """Let go of the frontier values of `names`, the inputs the node of `tick` was the last to read (their
         retained copies stay in the ring)."""
+        versions, frontier = self.versions, self.frontier_values
         for name in names:
-            self.frontier_values.pop((name, self.version_at(name, tick)), None)
+            ticks = versions.get(name)  # as `reader` found it: its last version, but where `tick` wrote it too
+            frontier.pop((name, ticks[-1] if ticks and ticks[-1] < tick else self.version_at(name, tick)), None)
 
     def checkpoint(self, tick: Tick, retained: bool = True) -> frozenset[VersionKey]:
         """Pin the retained versions live at `tick`, the frontier: the frontier values are the versions written and

@@ -48,7 +48,7 @@ class Chip:
     spaces: tuple[MemorySpace, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class WriteStats:
     """What the device computed about one written value, without copying it off the device."""
 
@@ -58,6 +58,11 @@ class WriteStats:
     min: float
     max: float
     mean: float
+
+    def __init__(self, digest: int, nan: int, inf: int, min: float, max: float, mean: float):
+        # The fields set at once: a frozen dataclass's own __init__ sets them one by one through object.__setattr__,
+        # a microsecond for each of a run's writes.
+        self.__dict__.update(digest=digest, nan=nan, inf=inf, min=min, max=max, mean=mean)
 
     @property
     def finite(self) -> bool:
@@ -308,13 +313,21 @@ def locate_value(driver: Driver, name: str, tensor: Any, unit: str | None = None
     return driver.locate(tensor, unit)
 
 
-def write_extent(driver: Driver, name: str, tensor: Any, unit: str | None = None) -> tuple[str, int, int]:
-    """(memory space, address, bytes) of the write of `name` held by `tensor`: what the write log keeps."""
+WriteExtent = Callable[[str, Any, str], tuple[str, int, int]]  # (value name, its tensor, unit) -> extent
+
+
+def write_extent_of(driver: Driver) -> WriteExtent:
+    """How to find (memory space, address, bytes) of the write of a value held by a tensor, what the write log
+    keeps, on `driver`: its capabilities asked once, not for each of a run's writes."""
     found = capabilities(driver)
     if Extents in found and PlacesValues not in found:
-        return driver.extent(tensor)
-    loc = locate_value(driver, name, tensor, unit)
-    return loc.space, loc.address, loc.nbytes
+        extent = driver.extent
+        return lambda name, tensor, unit: extent(tensor)
+
+    def located(name: str, tensor: Any, unit: str) -> tuple[str, int, int]:
+        loc = locate_value(driver, name, tensor, unit)
+        return loc.space, loc.address, loc.nbytes
+    return located
 
 
 def allocator_info(driver: Driver, address: int) -> dict[str, Any]:
@@ -331,13 +344,19 @@ def placement_of(driver: Driver, name: str, tensor: Any) -> tuple[Location, ...]
     return (replace(loc, extra={**loc.extra, **allocator_info(driver, loc.address)}),)
 
 
+def clock(driver: Driver) -> Callable[[], Any]:
+    """What takes a point in the chip's time, before and after a node runs: the host's clock on a chip without its
+    own (found once per driver: a Timeline takes two marks a node)."""
+    return driver.mark if Timing in capabilities(driver) else time.perf_counter
+
+
 def mark(driver: Driver) -> Any:
     """A point in the chip's time, taken before and after a node runs: the host's clock on a chip without its own."""
-    return driver.mark() if Timing in capabilities(driver) else time.perf_counter()
+    return clock(driver)()
 
 
 def seconds_between(driver: Driver, start: Any, end: Any) -> float:
-    """Seconds between two marks of `mark`."""
+    """Seconds between two marks of `mark` (of `clock`)."""
     return driver.seconds_between(start, end) if Timing in capabilities(driver) else end - start
 
 

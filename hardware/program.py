@@ -146,7 +146,7 @@ class _Binder:
     Refs) go."""
 
     def __init__(self, obj: tuple | list | dict):
-        self.kind = type(obj)
+        self.as_tuple = isinstance(obj, tuple)  # a tuple's template is a list, made a tuple once filled
         items = list(obj.items() if isinstance(obj, dict) else enumerate(obj))
         self.template = dict(obj) if isinstance(obj, dict) else list(obj)
         self.refs = [(k, v.name) for k, v in items if isinstance(v, Ref)]
@@ -158,7 +158,7 @@ class _Binder:
             out[k] = lookup(name)
         for k, binder in self.nested:
             out[k] = binder(lookup)
-        return tuple(out) if issubclass(self.kind, tuple) else out
+        return tuple(out) if self.as_tuple else out
 
 
 def _has_ref(obj: Any) -> bool:

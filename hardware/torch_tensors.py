@@ -55,13 +55,14 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 # -- running a node's torch op -------------------------------------------------------------------------
 _set_grad_enabled = torch._C._set_grad_enabled  # what torch.no_grad() calls on entering and leaving
+_is_grad_enabled = torch._C.is_grad_enabled
 
 
 def run(node: Node, args: tuple, kwargs: dict, device: torch.device) -> list[Any]:
     """Call the node's op with the bound arguments; its outputs in `node.outputs` order."""
     if "device" in kwargs:  # a factory op (a mask's `ones`) names the device it ran on at export: run it here
         kwargs = {**kwargs, "device": device}
-    grad = torch.is_grad_enabled()
+    grad = _is_grad_enabled()
     _set_grad_enabled(False)  # torch.no_grad()'s own switch, without a context manager's objects per node
     try:
         if is_collective(node.op):
@@ -213,8 +214,7 @@ class TensorBytes:
     def clone(self, tensor: torch.Tensor) -> torch.Tensor:
         return clone(tensor)
 
-    def storage(self, tensor: torch.Tensor) -> tuple[int, int]:
-        return storage(tensor)
+    storage = staticmethod(storage)  # the function itself, no frame around it: asked for each value read and written
 
 
 def cast(tensor: torch.Tensor, dtype: str) -> torch.Tensor:

@@ -18,6 +18,7 @@ import torch
 from hardware.errors import ProgramLoadError
 from hardware.frontends.torch_export import user_file
 from hardware.frontends.torch_train import load_program
+from hardware.session import LaunchOptions, Session
 from provenance.hyperparameters import hyperparameter_patches
 from tests import test_training_options as options
 from tests.conftest import MODELS, line_of
@@ -240,3 +241,40 @@ def test_a_zero_grad_between_backwards_drops_the_losses_before_it_as_it_drops_th
             module.train_step(x, y)
         assert torch.equal(session.tensor("p_weight_updated_step1"), module.model.weight)
     assert [session.tensor(n).item() for n in ("loss", "loss_step1")] == pytest.approx(expected, rel=1e-6)
+
+
+def test_batches_is_called_once_so_the_first_step_runs_the_batch_it_was_traced_with(tmp_path):
+    """batches() reading an iterator it opened once (a DataLoader's, a file's) yields each batch once: the load calls
+    it once, and the step traced on its first batch runs that batch, then the second, as eager does."""
+    path = tmp_path / "loader.py"
+    path.write_text(textwrap.dedent('''
+        import torch
+        from torch import nn
+
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = iter([(torch.full((2, 4), float(k)), torch.zeros(2, 1)) for k in range(1, 9)])
+        calls = []
+
+        def train_step(x, y):
+            opt.zero_grad()
+            loss = ((model(x) - y) ** 2).mean()
+            loss.backward()
+            opt.step()
+            return loss.item()
+
+        def batches():
+            calls.append(1)
+            yield from data
+        '''))
+    program = load_program(path, "train_step", 2)
+    firsts = {n: t for n, t in program.initial.items() if n.startswith("x")}
+    assert sorted(float(t[0, 0]) for t in firsts.values()) == [1.0, 2.0], sorted(firsts)
+    with user_file(path) as module:
+        losses = [module.train_step(x, y) for x, y in itertools.islice(module.batches(), 2)]
+    session = Session(None)
+    session.launch(LaunchOptions(str(path), entry="train_step", steps=2, driver="torch:cpu"), program=program)
+    session.start()
+    assert session.run().reason == "end"
+    assert [session.tensor(loss).item() for loss in program.losses] == pytest.approx(losses, rel=1e-6)

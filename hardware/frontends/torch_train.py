@@ -106,7 +106,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from hardware.errors import ProgramLoadError, echo, raised_in_user_code
 from hardware.frontends.loss_scaling import FOUND_INF, SCALE, TRACKER, LossScaling
 from hardware.frontends.optimizers import LR, learning_rates, lr_name, rule_of
-from hardware.frontends.user_step import UserStep, first_batch, is_step_function, takes_a_batch
+from hardware.frontends.user_step import UserStep, batches_once, first_batch, is_step_function, takes_a_batch
 from hardware.frontends.step_failures import StepWhere, data_shaped, step_failure
 from hardware.frontends.torch_export import (Inputs, call_entry, check_input_types, checked_inputs, convert_node,
                                              export, export_program, module_and_inputs, positional_names,
@@ -163,6 +163,7 @@ def load_program(path: str | Path, entry: str = "build", steps: int = 1,
     file = Path(path)
     with user_file(file) as module:
         entry = entry_in(module, entry, note)
+        batches_once(module)
         step, result = step_of(module, entry, file)
         batches = read_batches(module, file, step, steps) if step is not None else None
     if step is None:

@@ -37,7 +37,7 @@ import sys
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.fx.traceback as fx_traceback
@@ -427,6 +427,43 @@ def _unique(objects: Any) -> list[Any]:
     for o in objects:
         seen.setdefault(id(o), o)
     return list(seen.values())
+
+
+class BatchesOnce:
+    """A file's batches() called once however often a load reads it: the batch a step that takes one is exported for
+    is the first batch its steps then run, not the first of a second call (a generator drawing unseeded numbers, or
+    reading a loader's iterator, would give another). Each call iterates what the one call yielded, in order, reading
+    on where the earlier readers stopped; what it returns that is not iterable is returned as it is, to be refused."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        self.fn, self.called, self.result = fn, False, None
+        self.seen: list[Any] = []
+        self.source: Iterator[Any] | None = None
+
+    def __call__(self) -> Any:
+        if not self.called:
+            self.result, self.called = self.fn(), True  # a call that raised is called again, to raise again
+            if not isinstance(self.result, (torch.Tensor, dict, str, bytes)) and hasattr(self.result, "__iter__"):
+                self.source = iter(self.result)
+        return self.result if self.source is None else self._replayed()
+
+    def _replayed(self) -> Iterator[Any]:
+        k = 0
+        while True:
+            if k == len(self.seen):
+                try:
+                    self.seen.append(next(self.source))
+                except StopIteration:
+                    return
+            yield self.seen[k]
+            k += 1
+
+
+def batches_once(module: types.ModuleType) -> None:
+    """The module's batches() (when it has a callable one) is called once for the whole load (BatchesOnce)."""
+    fn = getattr(module, "batches", None)
+    if callable(fn) and not isinstance(fn, BatchesOnce):
+        module.batches = BatchesOnce(fn)
 
 
 def first_batch(module: types.ModuleType, fn_name: str, file: Path) -> Any:

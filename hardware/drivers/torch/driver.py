@@ -148,8 +148,7 @@ class TorchDriver(TensorBytes, Driver):
         view of the memory is `allocator_info`)."""
         return torch_tensors.locate(tensor, unit or self.unit_name)
 
-    def extent(self, tensor: torch.Tensor) -> tuple[str, int, int]:
-        return torch_tensors.extent(tensor)
+    extent = staticmethod(torch_tensors.extent)  # the function itself: the write log asks for every write
 
     def allocator_info(self, address: int) -> dict[str, Any]:
         """The caching allocator's segment, block, stream and pool holding `address` now (CUDA only)."""
