@@ -138,6 +138,8 @@ class VersionStore:
         ticks = self.versions.get(name)
         if not ticks:
             return None
+        if ticks[-1] < position:  # the frontier's reads, most asks: its last version, without a search
+            return ticks[-1]
         i = bisect.bisect_left(ticks, position)
         return ticks[i - 1] if i else None
 
@@ -336,11 +338,10 @@ class VersionStore:
         """What running the node of `tick` at the frontier reads: each input's version then, appended to `read`. The
         versions written so far are all before `tick`, so each one's is its last; most are frontier values, the others
         the Program's own (at hand) or taken from the store."""
-        versions, frontier = self.versions, self.frontier_values
+        frontier, version_at = self.frontier_values, self.version_at
 
         def value_of(name: str) -> Any:
-            ticks = versions.get(name)
-            version = ticks[-1] if ticks and ticks[-1] < tick else self.version_at(name, tick)
+            version = version_at(name, tick)
             key = (name, version)
             tensor = frontier.get(key)
             if tensor is None:
@@ -352,10 +353,9 @@ class VersionStore:
     def read_last(self, names: Iterable[str], tick: Tick) -> None:
         """Let go of the frontier values of `names`, the inputs the node of `tick` was the last to read (their
         retained copies stay in the ring)."""
-        versions, frontier = self.versions, self.frontier_values
+        frontier, version_at = self.frontier_values, self.version_at
         for name in names:
-            ticks = versions.get(name)  # as `reader` found it: its last version, but where `tick` wrote it too
-            frontier.pop((name, ticks[-1] if ticks and ticks[-1] < tick else self.version_at(name, tick)), None)
+            frontier.pop((name, version_at(name, tick)), None)
 
     def checkpoint(self, tick: Tick, retained: bool = True) -> frozenset[VersionKey]:
         """Pin the retained versions live at `tick`, the frontier: the frontier values are the versions written and

@@ -106,7 +106,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from hardware.errors import ProgramLoadError, echo, raised_in_user_code
 from hardware.frontends.loss_scaling import FOUND_INF, SCALE, TRACKER, LossScaling
 from hardware.frontends.optimizers import LR, learning_rates, lr_name, rule_of
-from hardware.frontends.user_step import UserStep, batches_once, first_batch, is_step_function, takes_a_batch
+from hardware.frontends.user_step import (UserStep, batches_once, first_batch, is_step_function, takes_a_batch,
+                                          yields_batches)
 from hardware.frontends.step_failures import StepWhere, data_shaped, step_failure
 from hardware.frontends.torch_export import (Inputs, call_entry, check_input_types, checked_inputs, convert_node,
                                              export, export_program, module_and_inputs, positional_names,
@@ -335,7 +336,7 @@ def read_batches(module: ModuleType, file: Path, step: TrainingStep, steps: int)
         raise ProgramLoadError(f"'{BATCHES}' in {file} is not callable (it yields the inputs of each step)")
     try:
         batches = fn()
-        if isinstance(batches, (torch.Tensor, dict, str, bytes)) or not hasattr(batches, "__iter__"):
+        if not yields_batches(batches):
             raise ProgramLoadError(f"{BATCHES}() in {file} must yield the inputs of each step (a generator); it "
                                    f"returned {echo(repr(batches))}")
         found = list(itertools.islice(batches, steps * step.accumulate))

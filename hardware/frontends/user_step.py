@@ -443,7 +443,7 @@ class BatchesOnce:
     def __call__(self) -> Any:
         if not self.called:
             self.result, self.called = self.fn(), True  # a call that raised is called again, to raise again
-            if not isinstance(self.result, (torch.Tensor, dict, str, bytes)) and hasattr(self.result, "__iter__"):
+            if yields_batches(self.result):
                 self.source = iter(self.result)
         return self.result if self.source is None else self._replayed()
 
@@ -457,6 +457,11 @@ class BatchesOnce:
                     return
             yield self.seen[k]
             k += 1
+
+
+def yields_batches(result: Any) -> bool:
+    """Is what batches() returned something that yields batches (a generator, a list), not one batch itself?"""
+    return not isinstance(result, (torch.Tensor, dict, str, bytes)) and hasattr(result, "__iter__")
 
 
 def batches_once(module: types.ModuleType) -> None:
