@@ -26,10 +26,17 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 @pytest.fixture(scope="session", autouse=True)
 def program_cache(tmp_path_factory):
     """The suite launches with the program cache on (a model's second launch loads its cached program, as a user's
-    does), kept in one temporary folder: nothing is written beside the repository's models. What the environment
-    of the person running the tests says about the cache does not count. Processes the tests start inherit it."""
+    does), kept in one temporary folder that every worker of the run shares (an entry written once serves them
+    all; entries are put in place whole, so workers writing at once see one or the other): nothing is written
+    beside the repository's models. What the environment of the person running the tests says about the cache does
+    not count. Processes the tests start inherit it."""
     saved = {k: os.environ.pop(k) for k in (CACHE_DIR_ENV, CAP_ENV, NO_CACHE_ENV) if k in os.environ}
-    os.environ[CACHE_DIR_ENV] = str(tmp_path_factory.mktemp("program-cache"))
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker's folder is inside the run's, which all workers share
+        base = base.parent
+    folder = base / "program-cache"
+    folder.mkdir(exist_ok=True)
+    os.environ[CACHE_DIR_ENV] = str(folder)
     yield
     del os.environ[CACHE_DIR_ENV]
     os.environ.update(saved)

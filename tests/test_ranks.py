@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from hardware.errors import RewindError
+from hardware.frontends.cache_folder import CacheFolder
 from hardware.ranks.coordinator import Coordinator
 from hardware.ticks import Direction
 from tests.conftest import EXAMPLES, MODELS, fresh_module, line_of
@@ -191,3 +192,36 @@ def test_a_rank_that_stops_making_progress_is_reported_with_every_position(launc
         assert c.values(0)  # the ranks that answered stay inspectable
         with pytest.raises(RewindError, match="rank 1 is still busy running continue"):
             c.values(1)
+
+
+RANK_BRANCH = '''"""forward branches on the rank it runs on: rank 1's graph multiplies where rank 0's adds."""
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch import nn
+
+
+class Branch(nn.Module):
+    def forward(self, x):
+        y = x * 3.0 if dist.get_rank() == 1 else x + 1.0
+        return funcol.all_reduce(y, "sum", dist.group.WORLD)
+
+
+def build(rank, world_size):
+    return Branch(), (torch.ones(4),)
+'''
+
+
+def test_each_rank_caches_its_own_program_and_the_next_launch_loads_each_ranks_own(launcher, tmp_path):
+    """The program cache's key holds the rank: a branch on dist.get_rank() inside forward makes one entry a rank,
+    and a second launch loads them (the same files, not exported again), each rank its own graph."""
+    model = tmp_path / "rank_branch.py"
+    model.write_text(RANK_BRANCH)
+    folder = CacheFolder.beside(model)
+    files = []
+    for _ in range(2):
+        with Coordinator(str(model), 2, timeout_s=120, launcher=launcher) as c:
+            assert c.run().reason == "end"
+            assert [c.tensor(r, c.outputs(r)[0])["values"] for r in range(2)] == [[5.0] * 4] * 2  # (1 + 1) + 1 * 3
+        files.append(sorted((e.path.name, e.path.stat().st_ino) for e in folder.entries(model)))
+    assert len(files[0]) == 2 and files[1] == files[0]

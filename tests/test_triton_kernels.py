@@ -254,3 +254,17 @@ def test_a_kernel_file_that_cannot_run_is_said_in_words(tmp_path, text, words):
         open_kernel(path)
     assert words in str(caught.value)
     assert "Traceback" not in str(caught.value) and "Error(" not in str(caught.value)
+
+
+def test_launching_a_kernel_file_imports_nothing_of_torch_dynamo():
+    """Watching the ops kernel() runs takes a dispatch mode that compiles nothing: its first op must not import
+    torch._dynamo (3 s, most of a kernel file's launch)."""
+    import subprocess
+    import sys
+    code = ("import sys\nfrom hardware.session import LaunchOptions, Session\n"
+            f"Session(None).launch(LaunchOptions({str(KERNELS / 'scale_oob.py')!r}, entry='kernel', driver='auto'))\n"
+            "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"

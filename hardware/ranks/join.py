@@ -232,7 +232,6 @@ def join(address: str, rank: int, world_size: int, token: str) -> tuple[str, Joi
 def joined_rank_main(address: str, run) -> int:
     """A rank started by torchrun: join the coordinator at `address`, then `run(rank, world_size, store, pipe)`
     (the rank's life); its exit code. What goes wrong before the rank runs is said on stderr."""
-    os.environ["REWIND_NO_CACHE"] = "1"  # as a forked rank: each rank exports its own graph
     try:
         rank, world_size = rank_from_environment()
         store, pipe = join(address, rank, world_size, os.environ.get(TOKEN_ENV, ""))

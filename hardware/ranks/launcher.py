@@ -61,8 +61,8 @@ class RankLauncher:
         self._log = self._folder / "launcher.log"
         self._lock = threading.Lock()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = dict(os.environ, REWIND_NO_CACHE="1",  # each rank exports its own graph: no shared cache entry
-                   PYTHONPATH=os.pathsep.join([_ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+        # Ranks load through the program cache as one process does: a rank's entry is keyed by its rank too.
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([_ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
         with open(self._log, "wb") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", module, "--rank-launcher", str(theirs.fileno())], pass_fds=(theirs.fileno(),),

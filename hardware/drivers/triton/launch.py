@@ -304,6 +304,12 @@ class OpsSeen:
         seen = self
 
         class Mode(TorchDispatchMode):
+            @classmethod
+            def _should_skip_dynamo(cls) -> bool:
+                # Nothing is compiled under this mode: without this, its first op imports torch._dynamo (3 s of a
+                # kernel file's launch) to wrap __torch_dispatch__ in dynamo.disable.
+                return False
+
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 name = func._overloadpacket.__name__
                 if name not in PREPARING and name not in seen.ops:
