@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from checkpoint.safe_files import partials_of
-from dap_server import channel, protocol
+from dap_server import channel, pool, protocol
 from dap_server.protocol import FramingError, MessageReader, encode_body, frame, with_seq
 from hardware.errors import echo
 
@@ -366,8 +366,9 @@ class EngineLink:
     async def start(self) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
                                                             if p)}
-        self.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "dap_server.engine", "--log-level", self.connection.options.log_level,
+        argv = ["--log-level", self.connection.options.log_level]
+        self.process = await pool.started(argv, env, channel.MAX_FRAME) or await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "dap_server.engine", *argv,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env, limit=channel.MAX_FRAME)
         self._pump_task = asyncio.ensure_future(self._pump())
 
@@ -501,7 +502,7 @@ class EngineLink:
 
     async def _ended(self, returncode: int) -> None:
         """Answer every request still pending, tell the client why, offer the recording."""
-        why = self.stop_reason or describe_exit(returncode)
+        why = self.stop_reason or getattr(self.process, "unknown_end", None) or describe_exit(returncode)
         self.ended = why
         if self.closing and not self.pending:
             return

@@ -5,12 +5,14 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import subprocess
 import warnings
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from dap_server import pool
 from hardware.frontends.cache_folder import CACHE_DIR_ENV, CAP_ENV, NO_CACHE_ENV
 from hardware.frontends.torch_export import load_program
 from hardware.ranks.launcher import RankLauncher
@@ -40,6 +42,25 @@ def program_cache(tmp_path_factory):
     yield
     del os.environ[CACHE_DIR_ENV]
     os.environ.update(saved)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def engine_pool(tmp_path_factory):
+    """The DAP servers the tests start fork their engines from one pool of this worker's (docs/engine-pool.md), as a
+    user running `rewind pool` has them: a session starts in milliseconds instead of seconds. Engines asked for
+    before it listens, or in an environment it cannot give, are started the usual way; tests of the usual way
+    (tests/dap/test_engine_process.py) take the pool away."""
+    path = str(tmp_path_factory.mktemp("pool", numbered=True) / "engines.sock")
+    process = pool.spawn(path)
+    os.environ[pool.POOL_VARIABLE] = path
+    yield process
+    os.environ.pop(pool.POOL_VARIABLE, None)
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 @pytest.fixture(scope="module")

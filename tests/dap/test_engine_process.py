@@ -12,35 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from dap_server import pool
+from tests.dap.processes import alive, children, engines, wait_until
 from tests.dap.wire import MODELS, DapError, Debugger, TcpServer
 
 HOSTILE = MODELS / "hostile.py"
 GRACE = "1"  # --stop-grace: seconds a hung engine gets before it is stopped
-
-
-def children(pid: int) -> list[int]:
-    """The live child processes of `pid` (the engines of a server)."""
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(c) for c in (task / "children").read_text().split()]
-    return [c for c in found if alive(c)]
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
-
-
-def wait_until(condition, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 def launch(debugger: Debugger, entry: str, **options) -> dict:
@@ -55,8 +32,11 @@ def launch_good_program(debugger: Debugger) -> dict:
     return debugger.motion("configurationDone", {})
 
 
-@pytest.fixture
-def server(schema):
+@pytest.fixture(params=["pool"])
+def server(request, schema, monkeypatch):
+    """A server whose engines come from the engine pool, or, as `spawn`, that it starts itself."""
+    if request.param == "spawn":
+        monkeypatch.delenv(pool.POOL_VARIABLE, raising=False)
     debugger = Debugger.spawn(schema, ["--stop-grace", GRACE])
     debugger.initialize()
     yield debugger
@@ -66,13 +46,14 @@ def server(schema):
 @pytest.mark.parametrize("entry, said", [("build_exit", r"the program called sys\.exit\(3\) while Rewind ran 'launch'"),
                                          ("build_interrupt", "the program raised a keyboard interrupt")])
 def test_a_program_that_exits_or_is_interrupted_in_build_fails_only_its_launch(server, entry, said):
-    engine = children(server.client.process.pid)
+    engine = engines(server.client.process.pid)
     with pytest.raises(DapError, match=said):
         launch(server, entry)
-    assert children(server.client.process.pid) == engine  # the same engine goes on
+    assert engines(server.client.process.pid) == engine  # the same engine goes on
     assert launch_good_program(server)["reason"] == "end"
 
 
+@pytest.mark.parametrize("server", ["pool", "spawn"], indirect=True)  # forked by the pool, or started by the server
 def test_os_exit_ends_the_engine_and_a_new_launch_gets_a_fresh_one(server):
     mark = server.client.mark()
     with pytest.raises(DapError, match="engine ended: its process exited with status 3"):
@@ -87,6 +68,7 @@ def test_os_exit_ends_the_engine_and_a_new_launch_gets_a_fresh_one(server):
     assert server.client.process.poll() is None
 
 
+@pytest.mark.parametrize("server", ["pool", "spawn"], indirect=True)  # forked by the pool, or started by the server
 def test_a_segfault_in_native_code_is_named_and_the_server_keeps_serving(server):
     with pytest.raises(DapError, match=r"crashed \(SIGSEGV: a fault in native code"):
         launch(server, "build_segfault")
@@ -99,7 +81,7 @@ def assert_stopped_by(server: Debugger, stop: str, command: str, arguments: dict
     mark = server.client.mark()
     running = server.client.send(command, arguments)
     time.sleep(0.5)
-    (engine,) = children(server.client.process.pid)
+    (engine,) = engines(server.client.process.pid)
     server.request(stop, {"threadId": 1} if stop == "pause" else {"requestId": running.seq}, timeout=30)
     response = running.wait(30)
     assert not response.success
@@ -119,7 +101,7 @@ def test_disconnect_ends_a_hung_engine_and_the_server(schema):
     debugger.initialize()
     debugger.client.send("launch", {"program": str(HOSTILE), "entry": "build_spin"})
     time.sleep(0.5)
-    (engine,) = children(debugger.client.process.pid)
+    (engine,) = engines(debugger.client.process.pid)
     started = time.monotonic()
     debugger.request("disconnect", {}, timeout=30)
     debugger.client.close(timeout=30)
@@ -141,6 +123,7 @@ def test_what_a_program_prints_arrives_as_output_up_to_a_limit(server):
     assert server.motion("configurationDone", {})["reason"] == "end"
 
 
+@pytest.mark.parametrize("server", ["pool", "spawn"], indirect=True)  # forked by the pool, or started by the server
 def test_an_engine_that_dies_while_recording_leaves_the_recording_to_reopen(server, tmp_path):
     target = tmp_path / "run.rwtrace"
     mark = server.client.mark()
@@ -149,7 +132,7 @@ def test_an_engine_that_dies_while_recording_leaves_the_recording_to_reopen(serv
     server.motion("configurationDone", {})
     for _ in range(3):
         server.motion("next")
-    (engine,) = children(server.client.process.pid)
+    (engine,) = engines(server.client.process.pid)
     os.kill(engine, signal.SIGKILL)  # what a device fault does to a process
     terminated = server.client.wait_for("terminated", after=mark)
     assert terminated["restart"] == {"trace": str(target)}
@@ -192,14 +175,14 @@ def test_restart_after_the_engine_died_reopens_the_recording_with_the_same_break
     server.client.wait_for("initialized", after=mark)
     server.set_breakpoints(HOSTILE, [{"line": line}])
     assert server.motion("configurationDone", {})["reason"] == "breakpoint"
-    (engine,) = children(server.client.process.pid)
+    (engine,) = engines(server.client.process.pid)
     os.kill(engine, signal.SIGKILL)
     server.client.wait_for("terminated", after=mark)
     again = server.client.mark()
     stop = server.motion("restart", {})
     assert stop["reason"] == "breakpoint" and server.top()["line"] == line  # the breakpoint came back with it
     assert not any(name == "initialized" for name, _ in server.client.events_since(again))
-    (fresh,) = children(server.client.process.pid)
+    (fresh,) = engines(server.client.process.pid)
     assert fresh != engine
     assert server.motion("stepBack")["reason"] in ("step", "entry")
 
@@ -227,9 +210,9 @@ def test_the_console_offers_the_recording_after_its_engine_died(tmp_path):
         assert command(f"break hostile.py:{line}")["ok"]
         assert command("continue")["result"]["reason"] == "breakpoint"
         assert command("continue")["result"]["reason"] == "end"
-        assert wait_until(lambda: children(console.pid) and children(children(console.pid)[0]))
+        assert wait_until(lambda: children(console.pid) and engines(children(console.pid)[0]))
         (server,) = children(console.pid)
-        (engine,) = children(server)
+        (engine,) = engines(server)
         os.kill(engine, signal.SIGKILL)
         ended = command("continue")
         assert not ended["ok"] and "engine ended; `reopen` opens the recording it left" in ended["error"]
@@ -250,7 +233,7 @@ def test_an_engine_killed_mid_save_leaves_the_old_file_and_no_temporary(server, 
     launch(server, "build_big", checkpoint={"budgetMB": 1024})
     server.client.wait_for("initialized", after=mark)
     assert server.motion("configurationDone", {})["reason"] == "end"
-    (engine,) = children(server.client.process.pid)
+    (engine,) = engines(server.client.process.pid)
     saving = server.client.send("saveTrace", {"path": str(target), "overwrite": True})
     assert wait_until(lambda: any(tmp_path.glob(".run.rwtrace.*.partial")), 60), "the save never began"
     os.kill(engine, signal.SIGKILL)
@@ -268,7 +251,7 @@ def test_a_file_that_appeared_at_the_recordings_path_is_not_replaced_by_it(serve
     server.motion("configurationDone", {})
     server.motion("next")
     target.write_bytes(b"written by someone else meanwhile")
-    (engine,) = children(server.client.process.pid)
+    (engine,) = engines(server.client.process.pid)
     os.kill(engine, signal.SIGKILL)
     terminated = server.client.wait_for("terminated", after=mark)
     assert target.read_bytes() == b"written by someone else meanwhile"

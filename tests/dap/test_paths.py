@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.dap.test_engine_process import HOSTILE, children, wait_until
+from tests.dap.processes import engines, wait_until
+from tests.dap.test_engine_process import HOSTILE
 from tests.dap.wire import DapError, Debugger
 
 MODEL = '''"""A model that reads its input's value from a file beside the folder it runs in."""
@@ -125,7 +126,7 @@ def test_a_cwd_that_cannot_be_one_is_refused_in_words_and_the_server_keeps_servi
 def test_a_restart_after_the_engine_died_keeps_the_launchs_cwd(server, folder):
     assert launch(server, program="models/tiny.py", cwd=str(folder))["reason"] == "entry"
     mark = server.client.mark()
-    (engine,) = children(server.client.process.pid)
+    (engine,) = engines(server.client.process.pid)
     os.kill(engine, signal.SIGKILL)
     server.client.wait_for("terminated", after=mark)
     # VS Code sends its configuration again; a client may leave `cwd` out: the session keeps the one it had.
@@ -139,7 +140,7 @@ def test_a_restart_after_the_engine_died_keeps_the_launchs_cwd(server, folder):
 def test_an_engine_killed_mid_save_to_a_relative_path_leaves_no_temporary_in_cwd(server, tmp_path):
     launch(server, program=str(HOSTILE), entry="build_big", cwd=str(tmp_path), stopOnEntry=False,
            checkpoint={"budgetMB": 1024})
-    (engine,) = children(server.client.process.pid)
+    (engine,) = engines(server.client.process.pid)
     saving = server.client.send("saveTrace", {"path": "big.rwtrace"})
     assert wait_until(lambda: any(tmp_path.glob(".big.rwtrace.*.partial")), 60), "the save never began in cwd"
     os.kill(engine, signal.SIGKILL)

@@ -12,6 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.dap.processes import engines
 from tests.dap.wire import MODELS, Debugger, rank_ticks
 
 pytestmark = pytest.mark.timeout(240)  # a deadlock fails the test instead of hanging the suite
@@ -46,7 +47,8 @@ def _said(events: list[tuple[str, dict]], category: str) -> str:
 def _kill_rank(server: Debugger, rank: int) -> None:
     """SIGKILL the server's rank process `rank` (the one whose output goes to its rank{rank}.log), and wait until it
     is gone."""
-    for process in psutil.Process(server.client.process.pid).children(recursive=True):
+    below = [psutil.Process(server.client.process.pid), *(psutil.Process(e) for e in engines(server.client.process.pid))]
+    for process in (p for top in below for p in top.children(recursive=True)):
         try:
             if os.readlink(f"/proc/{process.pid}/fd/1").endswith(f"/rank{rank}.log"):
                 process.send_signal(signal.SIGKILL)

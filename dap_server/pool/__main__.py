@@ -1,0 +1,28 @@
+"""`python -m dap_server.pool [--socket PATH]`: run the engine pool in the foreground (`rewind pool` does the same)."""
+
+from __future__ import annotations
+
+import argparse
+
+from dap_server.pool import POOL_VARIABLE
+from dap_server.pool.forks import default_socket, run
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--socket", metavar="PATH", help="where it listens (default: $XDG_RUNTIME_DIR/rewind/"
+                        "engines.sock, else a private folder in the temporary folder)")
+    parser.add_argument("--ready-fd", type=int, metavar="FD", help=argparse.SUPPRESS)  # closed once it listens
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="rewind pool", description=(
+        "Fork the engine of each debug session from one process that has imported torch and Rewind already: a "
+        f"DAP server, `rewind debug` included, started with {POOL_VARIABLE} set to the socket asks it for its "
+        "engines, and a session starts in milliseconds. Stop it with Ctrl-C (it ends when its engines have)."))
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    run(args.socket or default_socket(), args.ready_fd)
+
+
+if __name__ == "__main__":
+    main()
