@@ -4,12 +4,14 @@
     python benchmarks/startup.py --quick          # examples/mlp.py, one round, no forensics rows (the tests)
 
 Each figure is a fresh process run as a user runs it: `python -c "import torch"` (the floor); `rewind debug MODEL -x
-SCRIPT` with a script that shows where the launch stopped and quits (the console launches stopped on entry: its
-first stop), once with the program cache empty (the export) and once more (the cached program); `rewind forensics
-MODEL` the same two ways. Each round empties the cache first; the rounds take their steps in the same order, and a
-figure is the median of its rounds. The cache lives in a temporary folder for the run ($REWIND_CACHE_DIR), so the
-model's folder is left as it was. Also measured: the console client's own imports (`python -X importtime -c "import
-dap_server.cli"`), which must not include torch, and whether the second runs loaded the entry the first wrote.
+SCRIPT` with a script that shows where the launch stopped and quits (the console launches stopped on entry: its first
+stop), once with the program cache empty (the export) and once more (the cached program); `rewind forensics MODEL`
+the same two ways; and `rewind debug` once more with its engine forked by an engine pool (`rewind pool`,
+dap_server/pool/) started once for the run, whose own start is a row of its own. Each round empties the cache first;
+the rounds take their steps in the same order, and a figure is the median of its rounds. The cache lives in a
+temporary folder for the run ($REWIND_CACHE_DIR), so the model's folder is left as it was. Also measured: the console
+client's own imports (`python -X importtime -c "import dap_server.cli"`), which must not include torch, and whether
+the second runs loaded the entry the first wrote.
 Targets: a second debug launch <= 4 s and <= 1.5x `import torch`, a second forensics run <= 6 s.
 """
 
@@ -29,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from dap_server import pool  # noqa: E402
 from hardware.frontends.cache_folder import CACHE_DIR_ENV, NO_CACHE_ENV, CacheFolder  # noqa: E402
 
 REWIND = [sys.executable, "-c", "import sys; from dap_server.cli import main; sys.exit(main())"]
@@ -58,20 +61,39 @@ def rounds(model: str, tools: list[str], count: int, workdir: Path) -> tuple[dic
     script = workdir / "stop.rewind"
     script.write_text("where\nquit\n")
     cache = workdir / "cache"
-    env = {k: v for k, v in os.environ.items() if k != NO_CACHE_ENV} | {CACHE_DIR_ENV: str(cache)}
+    env = {k: v for k, v in os.environ.items() if k not in (NO_CACHE_ENV, pool.POOL_VARIABLE)} | \
+        {CACHE_DIR_ENV: str(cache)}
     run = commands(model, script)
     times: dict[str, list[float]] = {}
     notes = []
-    for _ in range(count):
-        times.setdefault("floor", []).append(timed_run(run["floor"], env))
-        for tool in tools:
-            folder = CacheFolder(cache)
-            for entry in folder.entries():
-                folder.remove(entry.path)
-            times.setdefault(f"{tool} first", []).append(timed_run(run[tool], env))
-            written = folder.entries()
-            times.setdefault(f"{tool} second", []).append(timed_run(run[tool], env))
-            notes.append(cache_note(tool, written, folder.entries()))
+    log = workdir / "pool.log"
+    with open(log, "wb") as said:
+        start = time.perf_counter()
+        warm = pool.spawn(str(workdir / "engines.sock"), env, verbose=True, stderr=said.fileno())
+        if not pool.wait_ready(warm, 120):
+            sys.exit(f"the engine pool did not start:\n{log.read_text()[-2000:]}")
+        times["pool start"] = [time.perf_counter() - start]
+        pooled = env | {pool.POOL_VARIABLE: str(workdir / "engines.sock")}
+        try:
+            for _ in range(count):
+                times.setdefault("floor", []).append(timed_run(run["floor"], env))
+                for tool in tools:
+                    folder = CacheFolder(cache)
+                    for entry in folder.entries():
+                        folder.remove(entry.path)
+                    times.setdefault(f"{tool} first", []).append(timed_run(run[tool], env))
+                    written = folder.entries()
+                    times.setdefault(f"{tool} second", []).append(timed_run(run[tool], env))
+                    notes.append(cache_note(tool, written, folder.entries()))
+                    if tool == "debug":
+                        times.setdefault("debug pooled", []).append(timed_run(run[tool], pooled))
+        finally:
+            warm.terminate()
+            warm.wait(60)
+    forked = log.read_text().count("forked for a session")
+    if forked != count:
+        sys.exit(f"the pooled launches took {forked} engines from the pool, not {count}:\n{log.read_text()[-2000:]}")
+    notes.append(f"pool: each pooled launch's engine was forked by the pool ({forked} of {count})")
     return times, notes
 
 
@@ -105,14 +127,18 @@ def table(model: str, times: dict[str, list[float]], notes: list[str], imports: 
         tool, which = key.split()
         seconds = statistics.median(values)
         ratio = f"{seconds / floor:.2f}x"
-        if which == "second":
+        if key == "pool start":
+            rows.append(("the engine pool's own start (`rewind pool`, once, before the launches)", seconds, ratio))
+            continue
+        if which in ("second", "pooled"):
             target = TARGETS[tool]
             ratio += f" (target <= {target:g} s: {'met' if seconds <= target else 'MISSED'}"
             if tool == "debug":  # issue 33's, by ratio: the floor measured in the same run
                 ratio += f"; <= {LAUNCH_RATIO:g}x import torch: {'met' if seconds <= LAUNCH_RATIO * floor else 'MISSED'}"
             ratio += ")"
         what = "to its first stop and out" if tool == "debug" else "the whole report"
-        cache = "the cache empty: the export" if which == "first" else "the program cache filled by the first"
+        cache = {"first": "the cache empty: the export", "second": "the program cache filled by the first",
+                 "pooled": "the cache filled, its engine forked by the pool"}[which]
         rows.append((f"`rewind {tool} {model}`, {what}, {which} ({cache})", seconds, ratio))
     lines = ["| measure | seconds | x import torch |", "|---|---|---|"]
     lines += [f"| {what} | {seconds:.2f} | {ratio} |" for what, seconds, ratio in rows]

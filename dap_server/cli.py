@@ -4,7 +4,7 @@ runs the repair loop (provenance/repair_cli.py); `rewind validate fixed.py --ori
 copy of a model (provenance/validate_cli.py); `rewind compare CANDIDATE --against REF` compares a candidate with a
 trusted implementation, and `validate`/`repair --function` validate and repair a candidate function
 (provenance/candidates/, docs/compare.md); `rewind cache list|clear` shows or empties the program cache
-(docs/cache.md).
+(docs/cache.md); `rewind pool` runs the engine pool, which forks sessions' engines warm (docs/engine-pool.md).
 
 `rewind debug` is a client of the server, which runs the model: this process never imports torch. The other tools
 run the model here, and are imported only when chosen."""
@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import Callable
 
 from dap_server import console
+from dap_server.pool import __main__ as pool_main
 from hardware.errors import RewindError, echo, os_reason
 from hardware.frontends.cache_folder import NO_CACHE_ENV, CacheFolder
 
@@ -147,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
                 tool.add_argument("--no-cache", action="store_true", help=NO_CACHE_HELP)
             tool.set_defaults(run=module.run)
     add_cache_command(commands)
+    pool_command = commands.add_parser("pool", help="fork debug sessions' engines from one warm process",
+                                       description=pool_main.DESCRIPTION)
+    pool_main.add_arguments(pool_command)
     args = parser.parse_args(argv)
     if getattr(args, "no_cache", False):  # read here by the tools, and by the server and engines started from here
         os.environ[NO_CACHE_ENV] = "1"
@@ -154,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     if args.command == "cache":
         return run_cache(args)
+    if args.command == "pool":
+        return pool_main.run_pool(args)
     if (args.program is None) == (args.trace is None):
         parser.error("give a model file, or --trace FILE (not both)")
     if args.overwrite and not args.record:

@@ -229,7 +229,10 @@ def stats_of(sums: Sums, flat: torch.Tensor) -> WriteStats:
     inf = flat.numel() - nan - finite
     if not finite:
         return WriteStats(digest_, nan, inf, math.nan, math.nan, math.nan)
-    mean = qsum / (finite << k) if k >= 0 else (qsum << -k) / finite
+    try:
+        mean = qsum / (finite << k) if k >= 0 else (qsum << -k) / finite
+    except OverflowError:  # values at the largest float, their sum rounded past it: the mean lies in [lo, hi]
+        mean = hi if qsum > 0 else lo
     return WriteStats(digest_, nan, inf, lo + 0.0, hi + 0.0, mean)
 
 

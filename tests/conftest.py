@@ -50,8 +50,10 @@ def engine_pool(tmp_path_factory):
     user running `rewind pool` has them: a session starts in milliseconds instead of seconds. Engines asked for
     before it listens, or in an environment it cannot give, are started the usual way; tests of the usual way
     (tests/dap/test_engine_process.py) take the pool away."""
-    path = str(tmp_path_factory.mktemp("pool", numbered=True) / "engines.sock")
-    process = pool.spawn(path)
+    folder = tmp_path_factory.mktemp("pool", numbered=True)
+    path = str(folder / "engines.sock")
+    with open(folder / "pool.log", "wb") as said:  # each engine it forks and reaps, to count them after a run
+        process = pool.spawn(path, verbose=True, stderr=said.fileno())
     os.environ[pool.POOL_VARIABLE] = path
     yield process
     os.environ.pop(pool.POOL_VARIABLE, None)

@@ -101,6 +101,16 @@ def test_every_bit_pattern_of_the_narrow_floats_checks_alike():
         assert both(finite)[0] == both(finite)[1], dtype
 
 
+def test_values_at_the_largest_float_have_a_mean_within_their_range():
+    """The quantized sum of values at the largest float can round past it: the mean is still a float in [lo, hi]."""
+    top = torch.finfo(torch.float64).max
+    for values in ([1.7976931348623151e+308], [top, top], [-top], [top, 1.0e308, top]):
+        x = torch.tensor(values, dtype=torch.float64)
+        assert both(x)[0] == both(x)[1]
+        stats = DRIVER.inspect(x)
+        assert stats.min <= stats.mean <= stats.max and math.isfinite(stats.mean), (values, stats)
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.sampled_from(FLOATS), st.lists(st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=True),
                                          min_size=1, max_size=70))

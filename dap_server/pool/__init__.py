@@ -179,7 +179,8 @@ class PooledEngine:
                 pass
 
 
-def spawn(path: str, env: dict[str, str] | None = None) -> "subprocess.Popen":
+def spawn(path: str, env: dict[str, str] | None = None, verbose: bool = False, stderr: int | None = None
+          ) -> "subprocess.Popen":
     """Start `python -m dap_server.pool --socket PATH` in `env` (the environment the engines will be asked for with:
     what torch reads as it loads must be theirs) and return at once; `wait_ready` waits for it to listen."""
     import subprocess
@@ -189,7 +190,8 @@ def spawn(path: str, env: dict[str, str] | None = None) -> "subprocess.Popen":
     ready_r, ready_w = os.pipe()
     try:
         process = subprocess.Popen([sys.executable, "-m", "dap_server.pool", "--socket", path, "--ready-fd",
-                                    str(ready_w)], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    str(ready_w), *(["--verbose"] if verbose else [])], env=env,
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
                                    pass_fds=[ready_w])
     finally:
         os.close(ready_w)

@@ -39,7 +39,10 @@ from dap_server.pool import MAX_MESSAGE, ROOT
 # What torch and the libraries under it read from the environment as they load (thread pools, allocators, library
 # paths, CUDA), and Python's own settings: an engine asking for other values than the pool's cannot be forked.
 LOAD_TIME = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "GOTO_", "BLIS_", "TORCH", "PYTORCH_", "CUDA", "NVIDIA_",
-             "NCCL_", "LD_", "MALLOC_", "PYTHON", "TRITON_", "XDG_CACHE_HOME")
+             "NCCL_", "LD_", "MALLOC_", "PYTHON", "XDG_CACHE_HOME")
+# ... and what a library reads as it loads, when the pool has loaded it (the engine imports Triton only for a kernel
+# file, so TRITON_INTERPRET set for a session is read there, after the fork)
+LOADED_LATER = {"TRITON_": "triton"}
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _BACKLOG = 64
 
@@ -60,6 +63,7 @@ class Pool:
     """The listening socket, the connections waiting to be answered, the engines forked and not yet reaped."""
 
     path: str
+    verbose: bool = False  # a line on stderr for each engine forked and each engine reaped
     listener: socket.socket = field(init=False)
     selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
     engines: dict[int, _Engine] = field(default_factory=dict)  # by pidfd
@@ -69,11 +73,14 @@ class Pool:
     stopping: bool = False
 
     def open(self) -> None:
-        import dap_server.engine  # noqa: F401  what every engine would import: paid here, once
+        """Listen, then import: a path that cannot be used is said at once, and servers asking meanwhile wait
+        for the import (their requests queue) rather than start engines of their own."""
+        self.listener = listen(self.path)
+        # deferred: torch and the engine, imported once here, after the socket's path is taken
+        import dap_server.engine  # noqa: F401
 
         self.files = _project_files()
         self.environment = _load_time(os.environ)
-        self.listener = listen(self.path)
         self.selector.register(self.listener, selectors.EVENT_READ, "listener")
 
     def serve(self) -> None:
@@ -134,6 +141,8 @@ class Pool:
             self.engines[pidfd] = _Engine(pid, pidfd, conn)
             self.selector.register(pidfd, selectors.EVENT_READ, pidfd)
             conn = None
+            if self.verbose:
+                say(f"engine {pid} forked for a session in {request['cwd']}")
         except _Unreadable as why:
             _send(conn, {"refused": str(why)})
         finally:
@@ -176,6 +185,7 @@ class Pool:
             for sig in (signal.SIGTERM, signal.SIGCHLD):
                 signal.signal(sig, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
+            os.setpgid(0, 0)  # a group of its own: Ctrl-C at the pool's terminal is the pool's, not its sessions'
             self.selector.close()
             self.listener.close()
             for conn in self.waiting:
@@ -196,7 +206,7 @@ class Pool:
             tempfile.tempdir = None  # found again from this environment
             os.chdir(request["cwd"])
             _fresh_random()
-            from dap_server import engine
+            from dap_server import engine  # deferred: imported already by open(); named here, in the engine
 
             sys.argv = [engine.__file__, *request["argv"]]
             engine.main(request["argv"])
@@ -215,6 +225,8 @@ class Pool:
         self.selector.unregister(pidfd)
         _, status = os.waitpid(engine.pid, 0)
         os.close(pidfd)
+        if self.verbose:
+            say(f"engine {engine.pid} ended with exit code {os.waitstatus_to_exitcode(status)}")
         if engine.conn is not None:
             try:
                 _send(engine.conn, {"exit": os.waitstatus_to_exitcode(status)})
@@ -272,7 +284,8 @@ def _send(conn: socket.socket, message: dict, fds: list[int] = ()) -> None:
 
 
 def _load_time(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(LOAD_TIME)}
+    read = LOAD_TIME + tuple(p for p, module in LOADED_LATER.items() if module in sys.modules)
+    return {k: v for k, v in env.items() if k.startswith(read)}
 
 
 def _project_files() -> dict[str, tuple[int, int]]:
@@ -302,8 +315,11 @@ def _changed(files: dict[str, tuple[int, int]]) -> str | None:
 
 
 def _fresh_random() -> None:
-    """What a new interpreter would seed afresh and a fork copies: numpy's global generator (Python's `random`
-    reseeds itself after a fork; torch's default generator starts from its fixed seed in both)."""
+    """What a new interpreter seeds afresh and a fork would copy: torch's default generator and numpy's global one,
+    from the system's randomness as a fresh process seeds them (Python's `random` reseeds itself after a fork)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.seed()
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()
@@ -365,17 +381,19 @@ def default_socket() -> str:
     return str(folder / "engines.sock")
 
 
-def run(path: str, ready_fd: int | None = None) -> None:
+def run(path: str, ready_fd: int | None = None, verbose: bool = False) -> None:
     """Open the pool at `path`, say so (on stdout, and by closing `ready_fd` when given), and serve until stopped."""
-    pool = Pool(path)
-    pool.open()
-    signal.signal(signal.SIGTERM, lambda *_: pool.stop())
-    signal.signal(signal.SIGINT, lambda *_: pool.stop())
-    print(f"rewind pool: forking engines at {path}\n  export REWIND_ENGINE_POOL={path}", flush=True)
-    if ready_fd is not None:
-        os.close(ready_fd)
+    pool = Pool(path, verbose)
     try:
+        pool.open()
+        signal.signal(signal.SIGTERM, lambda *_: pool.stop())
+        signal.signal(signal.SIGINT, lambda *_: pool.stop())
+        print(f"rewind pool: forking engines at {path}\n  export REWIND_ENGINE_POOL={path}", flush=True)
+        if ready_fd is not None:
+            os.close(ready_fd)
         pool.serve()
+    except KeyboardInterrupt:  # while it imported: nothing was forked yet
+        raise SystemExit(130) from None
     finally:
-        if not pool.stopping:
+        if hasattr(pool, "listener") and not pool.stopping:  # its own socket, not one it found in use
             _remove_socket(path)
