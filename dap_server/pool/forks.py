@@ -90,6 +90,8 @@ class Pool:
                     self._ready(key)
                 except OSError as exc:  # one connection's trouble is that connection's
                     say(f"a request failed: {exc.strerror or exc}")
+                except Exception as exc:  # noqa: BLE001  nor does anything else stop the pool serving the others
+                    say(f"a request failed ({type(exc).__name__}: {exc}); serving on")
         self.selector.close()
 
     def stop(self) -> None:
@@ -134,15 +136,19 @@ class Pool:
                 _send(conn, {"refused": why})
                 return
             pid = self._fork(request, fds)
-            pidfd = os.pidfd_open(pid)
-            _send(conn, {"pid": pid}, [pidfd])
+            pidfd = os.pidfd_open(pid)  # before anything can fail: the engine is reaped whatever happens next
             self.selector.unregister(conn)
             self.waiting.discard(conn)
             self.engines[pidfd] = _Engine(pid, pidfd, conn)
             self.selector.register(pidfd, selectors.EVENT_READ, pidfd)
-            conn = None
+            held, conn = conn, None
             if self.verbose:
                 say(f"engine {pid} forked for a session in {request['cwd']}")
+            try:
+                _send(held, {"pid": pid}, [pidfd])
+            except OSError:  # the server left before its answer: the engine reads the end of its stdin and ends
+                self.engines[pidfd].conn = None
+                held.close()
         except _Unreadable as why:
             _send(conn, {"refused": str(why)})
         finally:
