@@ -13,6 +13,10 @@ has not sent `initialize` within `--handshake-timeout`, or leaves a message inco
 `--frame-timeout`, is closed. A bind beyond loopback needs `--allow-remote` and a token (`--token` or
 REWIND_TOKEN) that the client passes as `rewindToken` in `initialize`'s arguments: launch runs Python.
 
+With $REWIND_ENGINE_POOL set, an engine is forked by the engine pool instead of started here (dap_server/pool/,
+docs/engine-pool.md): the same engine, its own process, a fraction of a second instead of an interpreter and torch's
+import; when the pool gives none, the engine is started here as always.
+
 `--in-process` runs the engine inside the server (benchmarks compare the two; a program that exits then
 takes the server down with it).
 """
