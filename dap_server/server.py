@@ -34,7 +34,6 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 from checkpoint.safe_files import partials_of
@@ -44,7 +43,6 @@ from hardware.errors import echo
 
 log = logging.getLogger("dap_server")
 READ_CHUNK = 1 << 16
-ROOT = Path(__file__).resolve().parent.parent
 _STOPPING = ("terminate", "disconnect")
 _DONE_WHEN_ENDED = (*_STOPPING, "pause", "cancel", "threads")  # what these ask for is what an engine's end gives
 _LOADING = ("launch", "restart")  # requests that run the user's build()
@@ -368,8 +366,7 @@ class EngineLink:
         self.join: str | None = None  # where the last launch's ranks join (a launch that waits for them), if any
 
     async def start(self) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
-                                                            if p)}
+        env = pool.engine_env(dict(os.environ))
         argv = ["--log-level", self.connection.options.log_level]
         self.process = await pool.started(argv, env, channel.MAX_FRAME) or await asyncio.create_subprocess_exec(
             sys.executable, "-m", "dap_server.engine", *argv,

@@ -48,8 +48,8 @@ def program_cache(tmp_path_factory):
 def engine_pool(tmp_path_factory):
     """The DAP servers the tests start fork their engines from one pool of this worker's (docs/engine-pool.md), as a
     user running `rewind pool` has them: a session starts in milliseconds instead of seconds. Engines asked for
-    before it listens, or in an environment it cannot give, are started the usual way; tests of the usual way
-    (tests/dap/test_engine_process.py) take the pool away."""
+    in an environment it cannot give are started the usual way; tests/dap/test_engine_process.py runs some of its tests
+    both ways."""
     folder = tmp_path_factory.mktemp("pool", numbered=True)
     path = str(folder / "engines.sock")
     with open(folder / "pool.log", "wb") as said:  # each engine it forks and reaps, to count them after a run

@@ -36,6 +36,12 @@ class PoolRefused(Exception):
     """Why the pool gave no engine, in words."""
 
 
+def engine_env(environ: dict[str, str]) -> dict[str, str]:
+    """The environment an engine runs in: the server's, with this copy of Rewind first on PYTHONPATH (a pool must be
+    started in the same, since what Python reads as it loads is compared)."""
+    return {**environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, environ.get("PYTHONPATH")) if p)}
+
+
 def request_for(argv: list[str], env: dict[str, str], cwd: str) -> bytes:
     """What a server asks the pool for: an engine run as `python -m dap_server.engine ARGV` would be, in `env` and
     `cwd`, by this Python and this copy of Rewind."""
@@ -172,7 +178,7 @@ class PooledEngine:
         self._signal(signal.SIGKILL)
 
     def _signal(self, number: int) -> None:
-        if self.returncode is None and self._pidfd >= 0:
+        if self.returncode is None:  # set, with the pidfd closed, once the engine has ended
             try:
                 signal.pidfd_send_signal(self._pidfd, number)
             except ProcessLookupError:  # it has ended; the pool's word on how is on its way
@@ -185,8 +191,7 @@ def spawn(path: str, env: dict[str, str] | None = None, verbose: bool = False, s
     what torch reads as it loads must be theirs) and return at once; `wait_ready` waits for it to listen."""
     import subprocess
 
-    env = dict(os.environ if env is None else env)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)  # as the server gives engines
+    env = engine_env(os.environ if env is None else env)
     ready_r, ready_w = os.pipe()
     try:
         process = subprocess.Popen([sys.executable, "-m", "dap_server.pool", "--socket", path, "--ready-fd",

@@ -171,8 +171,6 @@ class Pool:
         if differing:
             return (f"the engine's environment differs from the pool's in {', '.join(differing[:5])}"
                     f"{' ...' if len(differing) > 5 else ''}, which torch or Python read when they load")
-        if self.stopping:
-            return "the pool is stopping"
         return None
 
     def _fork(self, request: dict, fds: list[int]) -> int:
